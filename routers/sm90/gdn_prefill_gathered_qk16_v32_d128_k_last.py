@@ -6,24 +6,24 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-01T11:22:13Z
-# workloads   141 (workload-set digest 49aafa92f9bbe224)
+# measured    up to 2026-12-01T22:30:56Z
+# workloads   144 (workload-set digest 8c6bf0e65fd2205a)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  141/141  1.00x
-#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  62/135  0.61x  [73 screened out]
-#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  73/135  0.70x  [62 screened out]
-#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  71/135  0.69x  [64 screened out]
-#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  71/135  0.64x  [64 screened out]
-#   cuda_prefill_staged.r32s4       4ec9c61f42b0e2c0  141/141  1.07x
-#   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  141/141  1.14x
-#   flashinfer_direct               755eb6578bd0a1f3  141/141  1.12x
-#   triton_prefill_chunked.v64      91b329a0e287a87d  78/141  0.57x  [63 screened out]
-#   triton_prefill_fused.c16v32     6adb950fad8337e7  107/141  0.65x  [34 screened out]
-#   triton_prefill_fused.c16v64     c51d19b31b74e07c  126/141  0.73x  [15 screened out]
-#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  137/141  0.74x  [4 screened out]
-#   triton_prefill_staged.c16v64    71c60215ec2efc08  139/141  0.84x  [2 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  141/141  1.12x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  144/144  1.00x
+#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  62/138  0.61x  [76 screened out]
+#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  73/138  0.70x  [65 screened out]
+#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  71/138  0.69x  [67 screened out]
+#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  71/138  0.64x  [67 screened out]
+#   cuda_prefill_staged.r32s4       4ec9c61f42b0e2c0  144/144  1.08x
+#   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  144/144  1.14x
+#   flashinfer_direct               755eb6578bd0a1f3  144/144  1.12x
+#   triton_prefill_chunked.v64      91b329a0e287a87d  79/144  0.57x  [65 screened out]
+#   triton_prefill_fused.c16v32     6adb950fad8337e7  109/144  0.64x  [35 screened out]
+#   triton_prefill_fused.c16v64     c51d19b31b74e07c  128/144  0.72x  [16 screened out]
+#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  140/144  0.74x  [4 screened out]
+#   triton_prefill_staged.c16v64    71c60215ec2efc08  142/144  0.84x  [2 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  144/144  1.12x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
@@ -42,15 +42,15 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.92% mean, 39.53% max;
-#             1.179x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.91% mean, 261.17% max;
-#             1.828x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.73% mean, 39.53% max;
+#             1.178x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.94% mean, 94.13% max;
+#             1.872x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 45 and num_seqs <= 2 and mean_seq_len <= 619: triton_prefill_fused.c16v32, 4 workloads, 5.54x (4.82x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 150 and 2 < num_seqs <= 5: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   3. total_seq_len <= 150 and num_seqs > 5: cuda_prefill_staged.r64s4, 14 workloads, 1.30x (1.13x .. 1.53x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   4. total_seq_len <= 3054 and num_seqs <= 2 and mean_seq_len > 619: cuda_prefill_staged.r32s4, 3 workloads, 1.35x (1.06x .. 1.67x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 2834 and num_seqs <= 2 and mean_seq_len > 619: cuda_prefill_staged.r32s4, 5 workloads, 1.29x (1.06x .. 1.67x) over vllm_flashinfer_prefill
 #   5. 45 < total_seq_len <= 181 and num_seqs <= 2 and mean_seq_len <= 619: cuda_prefill_staged.r32s4, 3 workloads, 3.22x (3.04x .. 3.36x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
 #   6. 150 < total_seq_len <= 559 and num_seqs > 2 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 22 workloads, 1.34x (1.08x .. 1.58x) over vllm_flashinfer_prefill
 #   7. 150 < total_seq_len <= 559 and num_seqs > 2 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
@@ -58,7 +58,7 @@
 #   9. total_seq_len > 181 and 1 < num_seqs <= 2 and mean_seq_len <= 619: vllm_flashinfer_prefill.cp_off, 6 workloads, 2.54x (1.93x .. 3.46x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
 #   10. total_seq_len > 559 and num_seqs > 2 and mean_seq_len <= 29: cuda_prefill_staged.r64s4, 12 workloads, 1.41x (1.10x .. 1.54x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
 #   11. total_seq_len > 559 and num_seqs > 2 and mean_seq_len > 29: vllm_flashinfer_prefill (baseline), 53 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   12. total_seq_len > 3054 and num_seqs <= 2 and mean_seq_len > 619: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
+#   12. total_seq_len > 2834 and num_seqs <= 2 and mean_seq_len > 619: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 106 and num_seqs <= 5: cuda_prefill_pool_rows.k8c8, 9 workloads, 6.26x (2.68x .. 12.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 268 and num_seqs > 5 and mean_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 15 workloads, 2.72x (1.74x .. 4.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
@@ -66,7 +66,7 @@
 #   4. 106 < total_seq_len <= 268 and num_seqs <= 2: triton_prefill_fused.c16v32, 5 workloads, 4.08x (2.88x .. 4.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   5. 106 < total_seq_len <= 268 and 2 < num_seqs <= 5: triton_prefill_fused.c16v64, 6 workloads, 2.40x (1.65x .. 4.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
 #   6. 268 < total_seq_len <= 3821 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.27x (2.00x .. 2.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. 268 < total_seq_len <= 3821 and mean_seq_len > 3: cuda_prefill_staged.r64s4, 65 workloads, 2.12x (1.13x .. 5.56x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   7. 268 < total_seq_len <= 3821 and mean_seq_len > 3: cuda_prefill_staged.r64s4, 68 workloads, 2.13x (1.13x .. 5.56x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   8. total_seq_len > 3821 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r32s4, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
 #   9. total_seq_len > 3821 and num_seqs > 2: flashinfer_direct, 24 workloads, 1.38x (1.12x .. 1.62x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
@@ -75,7 +75,7 @@ REGIONS = (
     {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (None, 2), 'total_seq_len': (None, 45)}, 'workloads': 4, 'speedup': (4.82, 5.54, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64')},
     {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (2, 5), 'total_seq_len': (None, 150)}, 'workloads': 6, 'speedup': (1.04, 1.06, 1.07), 'fallbacks': ('flashinfer_direct',)},
     {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (5, None), 'total_seq_len': (None, 150)}, 'workloads': 14, 'speedup': (1.13, 1.3, 1.53), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (619, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 3054)}, 'workloads': 3, 'speedup': (1.06, 1.35, 1.67), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (619, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 2834)}, 'workloads': 5, 'speedup': (1.06, 1.29, 1.67), 'fallbacks': ()},
     {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (None, 2), 'total_seq_len': (45, 181)}, 'workloads': 3, 'speedup': (3.04, 3.22, 3.36), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (2, None), 'total_seq_len': (150, 559)}, 'workloads': 22, 'speedup': (1.08, 1.34, 1.58), 'fallbacks': ()},
     {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (150, 559)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
@@ -83,7 +83,7 @@ REGIONS = (
     {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (1, 2), 'total_seq_len': (181, None)}, 'workloads': 6, 'speedup': (1.93, 2.54, 3.46), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
     {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 29), 'num_seqs': (2, None), 'total_seq_len': (559, None)}, 'workloads': 12, 'speedup': (1.1, 1.41, 1.54), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
     {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (29, None), 'num_seqs': (2, None), 'total_seq_len': (559, None)}, 'workloads': 53, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (619, None), 'num_seqs': (None, 2), 'total_seq_len': (3054, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (619, None), 'num_seqs': (None, 2), 'total_seq_len': (2834, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
 )
 
 REGIONS_EAGER = (
@@ -93,7 +93,7 @@ REGIONS_EAGER = (
     {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (106, 268)}, 'workloads': 5, 'speedup': (2.88, 4.08, 4.97), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (2, 5), 'total_seq_len': (106, 268)}, 'workloads': 6, 'speedup': (1.65, 2.4, 4.15), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
     {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (268, 3821)}, 'workloads': 4, 'speedup': (2.0, 2.27, 2.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, None), 'total_seq_len': (268, 3821)}, 'workloads': 65, 'speedup': (1.13, 2.12, 5.56), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, None), 'total_seq_len': (268, 3821)}, 'workloads': 68, 'speedup': (1.13, 2.13, 5.56), 'fallbacks': ('flashinfer_direct',)},
     {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (3821, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (2, None), 'total_seq_len': (3821, None)}, 'workloads': 24, 'speedup': (1.12, 1.38, 1.62), 'fallbacks': ()},
 )
@@ -113,8 +113,8 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 3: 14 workloads, 1.30x (1.13x .. 1.53x) over vllm_flashinfer_prefill
     if total_seq_len <= 150 and num_seqs > 5:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 4: 3 workloads, 1.35x (1.06x .. 1.67x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3054 and num_seqs <= 2 and mean_seq_len > 619:
+    # region 4: 5 workloads, 1.29x (1.06x .. 1.67x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2834 and num_seqs <= 2 and mean_seq_len > 619:
         return 'cuda_prefill_staged.r32s4'
     # region 5: 3 workloads, 3.22x (3.04x .. 3.36x) over vllm_flashinfer_prefill
     if 45 < total_seq_len <= 181 and num_seqs <= 2 and mean_seq_len <= 619:
@@ -137,8 +137,8 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 11: 53 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 559 and num_seqs > 2 and mean_seq_len > 29:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3054 and num_seqs <= 2 and mean_seq_len > 619:
+    # region 12: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2834 and num_seqs <= 2 and mean_seq_len > 619:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -164,7 +164,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 6: 4 workloads, 2.27x (2.00x .. 2.48x) over vllm_flashinfer_prefill
     if 268 < total_seq_len <= 3821 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 65 workloads, 2.12x (1.13x .. 5.56x) over vllm_flashinfer_prefill
+    # region 7: 68 workloads, 2.13x (1.13x .. 5.56x) over vllm_flashinfer_prefill
     if 268 < total_seq_len <= 3821 and mean_seq_len > 3:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
     # region 8: 4 workloads, the baseline; its stand-ins where it cannot run here
@@ -177,14 +177,14 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2614 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2670 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.14% mean, 58.85% max;
-#             1.190x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.69% mean, 67.35% max;
-#             1.840x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.21% mean, 58.85% max;
+#             1.188x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.59% mean, 67.35% max;
+#             1.856x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and mean_seq_len > 5 and max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.31x (6.31x .. 6.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 41 and num_seqs <= 2 and mean_seq_len > 5 and max_seq_len > 21: triton_prefill_fused.c16v32, 2 workloads, 4.84x (4.82x .. 4.86x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
@@ -200,9 +200,9 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   12. 90 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v64
 #   13. 90 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len > 21: cuda_prefill_staged.r64s4, 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v64
 #   14. 90 < total_seq_len <= 150 and 2 < mean_seq_len <= 6: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   15. 150 < total_seq_len <= 3273 and num_seqs <= 1: cuda_prefill_staged.r32s4, 4 workloads, 1.78x (1.06x .. 2.62x) over vllm_flashinfer_prefill
-#   16. total_seq_len > 150 and 1 < num_seqs <= 3 and max_seq_len <= 2314: flashinfer_direct, 8 workloads, 2.08x (1.05x .. 3.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   17. total_seq_len > 150 and 1 < num_seqs <= 3 and max_seq_len > 2314: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   15. 150 < total_seq_len <= 1773 and num_seqs <= 3 and 619 < mean_seq_len <= 1654: cuda_prefill_staged.r32s4, 3 workloads, 1.44x (1.31x .. 1.67x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   16. 150 < total_seq_len <= 2834 and num_seqs <= 3 and mean_seq_len > 1654: cuda_prefill_staged.r32s4, 2 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
+#   17. total_seq_len > 150 and num_seqs <= 3 and mean_seq_len <= 619: vllm_flashinfer_prefill.cp_off, 9 workloads, 2.23x (1.05x .. 3.46x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   18. total_seq_len > 150 and 3 < num_seqs <= 4 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   19. total_seq_len > 150 and 3 < num_seqs <= 4 and 83 < max_seq_len <= 111: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   20. total_seq_len > 150 and 3 < num_seqs <= 4 and 111 < max_seq_len <= 254: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.05x (1.03x .. 1.06x) over vllm_flashinfer_prefill; then flashinfer_direct
@@ -213,7 +213,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   25. total_seq_len > 150 and num_seqs > 4 and mean_seq_len <= 2 and 17 < max_seq_len <= 628: cuda_prefill_staged.r64s4, 1 workloads, 1.58x (1.58x .. 1.58x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
 #   26. total_seq_len > 150 and num_seqs > 4 and 2 < mean_seq_len <= 45 and max_seq_len <= 628: cuda_prefill_staged.r64s4, 34 workloads, 1.32x (1.08x .. 1.54x) over vllm_flashinfer_prefill
 #   27. total_seq_len > 150 and num_seqs > 4 and mean_seq_len > 45 and max_seq_len <= 628: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
-#   28. total_seq_len > 3273 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
+#   28. total_seq_len > 1773 and num_seqs <= 3 and 619 < mean_seq_len <= 1654: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   29. total_seq_len > 2834 and num_seqs <= 3 and mean_seq_len > 1654: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 41 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 9.79x (9.79x .. 9.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 41 and 4 < max_seq_len <= 16: cuda_prefill_pool_rows.k8c8, 1 workloads, 6.24x (6.24x .. 6.24x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
@@ -227,9 +228,9 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   10. total_seq_len <= 1020 and num_seqs > 22 and mean_seq_len <= 5 and 16 < max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
 #   11. total_seq_len <= 1020 and num_seqs > 22 and mean_seq_len > 5 and 16 < max_seq_len <= 32: cuda_prefill_staged.r64s4, 1 workloads, 3.16x (3.16x .. 3.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   12. total_seq_len <= 3821 and mean_seq_len > 45 and 547 < max_seq_len <= 896: flashinfer_direct, 4 workloads, 1.99x (1.67x .. 2.88x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len <= 3821 and mean_seq_len > 45 and 896 < max_seq_len <= 1794: cuda_prefill_staged.r64s4, 9 workloads, 2.54x (1.16x .. 5.56x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   13. total_seq_len <= 3821 and mean_seq_len > 45 and 896 < max_seq_len <= 1794: cuda_prefill_staged.r64s4, 10 workloads, 2.58x (1.16x .. 5.56x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   14. total_seq_len <= 3821 and mean_seq_len > 45 and 1794 < max_seq_len <= 2036: flashinfer_direct, 2 workloads, 1.47x (1.45x .. 1.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   15. total_seq_len <= 3821 and mean_seq_len > 45 and max_seq_len > 2036: cuda_prefill_staged.r32s4, 2 workloads, 3.19x (2.81x .. 3.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   15. total_seq_len <= 3821 and mean_seq_len > 45 and max_seq_len > 2036: cuda_prefill_staged.r32s4, 4 workloads, 2.76x (2.09x .. 3.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
 #   16. 41 < total_seq_len <= 362 and mean_seq_len > 11 and max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.23x (1.73x .. 3.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
 #   17. 41 < total_seq_len <= 724 and mean_seq_len <= 11 and 7 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.73x (2.06x .. 4.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
 #   18. total_seq_len > 41 and mean_seq_len <= 11 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.62x (1.76x .. 4.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
@@ -267,9 +268,9 @@ REGIONS_HINTED = (
     {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 2), 'total_seq_len': (90, 150)}, 'workloads': 2, 'speedup': (1.6, 1.63, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64')},
     {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 2), 'total_seq_len': (90, 150)}, 'workloads': 1, 'speedup': (1.53, 1.53, 1.53), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64')},
     {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 6), 'total_seq_len': (90, 150)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (150, 3273)}, 'workloads': 4, 'speedup': (1.06, 1.78, 2.62), 'fallbacks': ()},
-    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2314), 'num_seqs': (1, 3), 'total_seq_len': (150, None)}, 'workloads': 8, 'speedup': (1.05, 2.08, 3.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2314, None), 'num_seqs': (1, 3), 'total_seq_len': (150, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (619, 1654), 'num_seqs': (None, 3), 'total_seq_len': (150, 1773)}, 'workloads': 3, 'speedup': (1.31, 1.44, 1.67), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (1654, None), 'num_seqs': (None, 3), 'total_seq_len': (150, 2834)}, 'workloads': 2, 'speedup': (1.06, 1.08, 1.1), 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (None, 3), 'total_seq_len': (150, None)}, 'workloads': 9, 'speedup': (1.05, 2.23, 3.46), 'fallbacks': ('flashinfer_direct',)},
     {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'num_seqs': (3, 4), 'total_seq_len': (150, None)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ('flashinfer_direct',)},
     {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 111), 'num_seqs': (3, 4), 'total_seq_len': (150, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (111, 254), 'num_seqs': (3, 4), 'total_seq_len': (150, None)}, 'workloads': 2, 'speedup': (1.03, 1.05, 1.06), 'fallbacks': ('flashinfer_direct',)},
@@ -280,7 +281,8 @@ REGIONS_HINTED = (
     {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (17, 628), 'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (150, None)}, 'workloads': 1, 'speedup': (1.58, 1.58, 1.58), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
     {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 628), 'mean_seq_len': (2, 45), 'num_seqs': (4, None), 'total_seq_len': (150, None)}, 'workloads': 34, 'speedup': (1.08, 1.32, 1.54), 'fallbacks': ()},
     {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 628), 'mean_seq_len': (45, None), 'num_seqs': (4, None), 'total_seq_len': (150, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (3273, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (619, 1654), 'num_seqs': (None, 3), 'total_seq_len': (1773, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1654, None), 'num_seqs': (None, 3), 'total_seq_len': (2834, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -296,9 +298,9 @@ REGIONS_HINTED_EAGER = (
     {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 32), 'mean_seq_len': (None, 5), 'num_seqs': (22, None), 'total_seq_len': (None, 1020)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 32), 'mean_seq_len': (5, None), 'num_seqs': (22, None), 'total_seq_len': (None, 1020)}, 'workloads': 1, 'speedup': (3.16, 3.16, 3.16), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (547, 896), 'mean_seq_len': (45, None), 'total_seq_len': (None, 3821)}, 'workloads': 4, 'speedup': (1.67, 1.99, 2.88), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (896, 1794), 'mean_seq_len': (45, None), 'total_seq_len': (None, 3821)}, 'workloads': 9, 'speedup': (1.16, 2.54, 5.56), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (896, 1794), 'mean_seq_len': (45, None), 'total_seq_len': (None, 3821)}, 'workloads': 10, 'speedup': (1.16, 2.58, 5.56), 'fallbacks': ('flashinfer_direct',)},
     {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1794, 2036), 'mean_seq_len': (45, None), 'total_seq_len': (None, 3821)}, 'workloads': 2, 'speedup': (1.45, 1.47, 1.48), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2036, None), 'mean_seq_len': (45, None), 'total_seq_len': (None, 3821)}, 'workloads': 2, 'speedup': (2.81, 3.19, 3.61), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2036, None), 'mean_seq_len': (45, None), 'total_seq_len': (None, 3821)}, 'workloads': 4, 'speedup': (2.09, 2.76, 3.61), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (11, None), 'total_seq_len': (41, 362)}, 'workloads': 3, 'speedup': (1.73, 2.23, 3.67), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (7, 16), 'mean_seq_len': (None, 11), 'total_seq_len': (41, 724)}, 'workloads': 6, 'speedup': (2.06, 2.73, 4.14), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
     {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 11), 'total_seq_len': (41, None)}, 'workloads': 8, 'speedup': (1.76, 2.62, 4.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
@@ -370,15 +372,15 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 14: 0 workloads, by estimated times (no measured workload in it)
     if 90 < total_seq_len <= 150 and 2 < mean_seq_len <= 6:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 4 workloads, 1.78x (1.06x .. 2.62x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 3273 and num_seqs <= 1:
+    # region 15: 3 workloads, 1.44x (1.31x .. 1.67x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 1773 and num_seqs <= 3 and 619 < mean_seq_len <= 1654:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 16: 2 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 2834 and num_seqs <= 3 and mean_seq_len > 1654:
         return 'cuda_prefill_staged.r32s4'
-    # region 16: 8 workloads, 2.08x (1.05x .. 3.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 150 and 1 < num_seqs <= 3 and max_seq_len <= 2314:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 150 and 1 < num_seqs <= 3 and max_seq_len > 2314:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 17: 9 workloads, 2.23x (1.05x .. 3.46x) over vllm_flashinfer_prefill
+    if total_seq_len > 150 and num_seqs <= 3 and mean_seq_len <= 619:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 18: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
     if total_seq_len > 150 and 3 < num_seqs <= 4 and max_seq_len <= 83:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
@@ -409,8 +411,11 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 27: 21 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 150 and num_seqs > 4 and mean_seq_len > 45 and max_seq_len <= 628:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3273 and num_seqs <= 1:
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1773 and num_seqs <= 3 and 619 < mean_seq_len <= 1654:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 29: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2834 and num_seqs <= 3 and mean_seq_len > 1654:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -454,13 +459,13 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 12: 4 workloads, 1.99x (1.67x .. 2.88x) over vllm_flashinfer_prefill
     if total_seq_len <= 3821 and mean_seq_len > 45 and 547 < max_seq_len <= 896:
         return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 13: 9 workloads, 2.54x (1.16x .. 5.56x) over vllm_flashinfer_prefill
+    # region 13: 10 workloads, 2.58x (1.16x .. 5.56x) over vllm_flashinfer_prefill
     if total_seq_len <= 3821 and mean_seq_len > 45 and 896 < max_seq_len <= 1794:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
     # region 14: 2 workloads, 1.47x (1.45x .. 1.48x) over vllm_flashinfer_prefill
     if total_seq_len <= 3821 and mean_seq_len > 45 and 1794 < max_seq_len <= 2036:
         return ('flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 15: 2 workloads, 3.19x (2.81x .. 3.61x) over vllm_flashinfer_prefill
+    # region 15: 4 workloads, 2.76x (2.09x .. 3.61x) over vllm_flashinfer_prefill
     if total_seq_len <= 3821 and mean_seq_len > 45 and max_seq_len > 2036:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
     # region 16: 3 workloads, 2.23x (1.73x .. 3.67x) over vllm_flashinfer_prefill

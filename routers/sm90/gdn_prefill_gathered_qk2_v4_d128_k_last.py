@@ -6,27 +6,27 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-01T11:49:45Z
-# workloads   143 (workload-set digest d2ea477f5f2721a8)
+# measured    up to 2026-12-01T22:31:10Z
+# workloads   144 (workload-set digest c5eee5da74d7fdb8)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  143/143  1.00x
-#   cuda_prefill_cp.p16             dffbd933664a25c8  21/21  0.98x
-#   cuda_prefill_cp.p4              647de52a3eb20d1c  21/21  1.11x
-#   cuda_prefill_cp.p8              f0718db216ee20b2  21/21  1.15x
-#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  96/136  0.99x  [40 screened out]
-#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  82/136  1.00x  [54 screened out]
-#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  89/136  0.99x  [47 screened out]
-#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  95/136  1.02x  [41 screened out]
-#   cuda_prefill_staged.r32s4       4ec9c61f42b0e2c0  140/143  1.72x  [3 screened out]
-#   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  139/143  1.69x  [4 screened out]
-#   flashinfer_direct               755eb6578bd0a1f3  140/143  1.68x  [3 screened out]
-#   triton_prefill_chunked.v64      91b329a0e287a87d  115/143  1.03x  [28 screened out]
-#   triton_prefill_fused.c16v32     6adb950fad8337e7  126/143  1.21x  [17 screened out]
-#   triton_prefill_fused.c16v64     c51d19b31b74e07c  126/143  1.22x  [17 screened out]
-#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  140/143  1.30x  [3 screened out]
-#   triton_prefill_staged.c16v64    71c60215ec2efc08  140/143  1.25x  [3 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  142/143  1.62x  [1 screened out]
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  144/144  1.00x
+#   cuda_prefill_cp.p16             dffbd933664a25c8  22/22  0.99x
+#   cuda_prefill_cp.p4              647de52a3eb20d1c  22/22  1.11x
+#   cuda_prefill_cp.p8              f0718db216ee20b2  22/22  1.16x
+#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  96/137  0.99x  [41 screened out]
+#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  82/137  1.00x  [55 screened out]
+#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  89/137  0.99x  [48 screened out]
+#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  95/137  1.02x  [42 screened out]
+#   cuda_prefill_staged.r32s4       4ec9c61f42b0e2c0  141/144  1.70x  [3 screened out]
+#   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  140/144  1.68x  [4 screened out]
+#   flashinfer_direct               755eb6578bd0a1f3  141/144  1.67x  [3 screened out]
+#   triton_prefill_chunked.v64      91b329a0e287a87d  116/144  1.02x  [28 screened out]
+#   triton_prefill_fused.c16v32     6adb950fad8337e7  126/144  1.21x  [18 screened out]
+#   triton_prefill_fused.c16v64     c51d19b31b74e07c  126/144  1.22x  [18 screened out]
+#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  141/144  1.29x  [3 screened out]
+#   triton_prefill_staged.c16v64    71c60215ec2efc08  141/144  1.23x  [3 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  143/144  1.61x  [1 screened out]
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_cp.p16             segments=16
 #   cuda_prefill_cp.p4              segments=4
@@ -48,16 +48,16 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 21.05% mean, 261.34% max;
-#             1.257x over the baseline; 7 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 22.67% mean, 540.42% max;
-#             2.706x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 20.90% mean, 261.34% max;
+#             1.258x over the baseline; 7 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 22.80% mean, 540.42% max;
+#             2.695x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 21 and num_seqs <= 21 and mean_seq_len <= 245: cuda_prefill_pool_rows.k16c8, 4 workloads, 7.53x (5.32x .. 8.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 1448 and 21 < num_seqs <= 34 and mean_seq_len <= 245: flashinfer_direct, 8 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
 #   3. total_seq_len <= 1448 and num_seqs > 34 and mean_seq_len <= 245: cuda_prefill_staged.r32s4, 20 workloads, 1.19x (1.05x .. 1.32x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   4. total_seq_len <= 1874 and 245 < mean_seq_len <= 1254: cuda_prefill_staged.r32s4, 11 workloads, 1.75x (1.09x .. 2.74x) over vllm_flashinfer_prefill
-#   5. total_seq_len <= 10882 and mean_seq_len > 1254: cuda_prefill_cp.p8, 8 workloads, 1.23x (1.05x .. 1.41x) over vllm_flashinfer_prefill
+#   5. total_seq_len <= 10882 and mean_seq_len > 1254: cuda_prefill_cp.p8, 9 workloads, 1.24x (1.05x .. 1.41x) over vllm_flashinfer_prefill
 #   6. 21 < total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len <= 245: triton_prefill_fused.c16v32, 19 workloads, 4.19x (1.87x .. 7.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   7. total_seq_len > 158 and num_seqs <= 21 and mean_seq_len <= 84: flashinfer_direct, 19 workloads, 3.41x (1.53x .. 5.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
 #   8. total_seq_len > 158 and num_seqs <= 21 and 84 < mean_seq_len <= 245: cuda_prefill_staged.r32s4, 15 workloads, 2.47x (1.17x .. 4.33x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
@@ -66,19 +66,21 @@
 #   11. total_seq_len > 1874 and 245 < mean_seq_len <= 1254: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   12. total_seq_len > 11585 and mean_seq_len > 1254: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 374 and num_seqs <= 4: cuda_prefill_pool_rows.k16c8, 22 workloads, 7.13x (3.62x .. 15.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 374 and num_seqs > 4: cuda_prefill_pool_rows.k8c8, 25 workloads, 5.13x (2.15x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. 374 < total_seq_len <= 2056 and mean_seq_len > 45: cuda_prefill_staged.r32s4, 37 workloads, 3.80x (1.52x .. 7.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_chunked.v64
-#   4. 374 < total_seq_len <= 3465 and num_seqs <= 51 and mean_seq_len <= 45: triton_prefill_fused.c16v32, 9 workloads, 2.97x (1.66x .. 6.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct
-#   5. 374 < total_seq_len <= 3465 and num_seqs > 51 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 19 workloads, 1.99x (1.29x .. 2.91x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   6. 2056 < total_seq_len <= 3465 and mean_seq_len > 45: flashinfer_direct, 2 workloads, 2.72x (2.04x .. 3.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. total_seq_len > 3465 and num_seqs <= 5 and mean_seq_len <= 5792: cuda_prefill_cp.p8, 4 workloads, 2.54x (1.48x .. 3.12x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
-#   8. total_seq_len > 3465 and num_seqs <= 5 and 5792 < mean_seq_len <= 11608: cuda_prefill_cp.p16, 2 workloads, 2.07x (2.06x .. 2.07x) over vllm_flashinfer_prefill
-#   9. total_seq_len > 3465 and num_seqs <= 5 and mean_seq_len > 11608: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   10. total_seq_len > 3465 and 5 < num_seqs <= 35 and mean_seq_len <= 596: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len > 3465 and 5 < num_seqs <= 35 and mean_seq_len > 596: cuda_prefill_staged.r32s4, 4 workloads, 2.90x (2.19x .. 4.05x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   12. total_seq_len > 3465 and 35 < num_seqs <= 251: cuda_prefill_staged.r64s4, 7 workloads, 1.79x (1.14x .. 2.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   13. total_seq_len > 3465 and num_seqs > 251: flashinfer_direct, 4 workloads, 1.46x (1.39x .. 1.54x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   1. total_seq_len <= 9 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 2 workloads, 13.22x (11.05x .. 15.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 374 and num_seqs <= 7 and mean_seq_len > 6: cuda_prefill_pool_rows.k16c8, 20 workloads, 6.44x (3.62x .. 13.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 374 and num_seqs > 7 and mean_seq_len > 6: cuda_prefill_pool_rows.k8c8, 12 workloads, 5.71x (2.33x .. 14.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. 9 < total_seq_len <= 126 and mean_seq_len <= 6: cuda_prefill_pool_rows.k8c8, 7 workloads, 7.48x (3.65x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. 126 < total_seq_len <= 3547 and num_seqs <= 225 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 7 workloads, 3.06x (2.05x .. 6.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. 126 < total_seq_len <= 3547 and num_seqs > 225 and mean_seq_len <= 6: cuda_prefill_staged.r64s4, 6 workloads, 1.80x (1.29x .. 2.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64
+#   7. 374 < total_seq_len <= 2056 and mean_seq_len > 6: cuda_prefill_staged.r32s4, 58 workloads, 3.20x (1.26x .. 7.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct
+#   8. 2056 < total_seq_len <= 3547 and mean_seq_len > 6: flashinfer_direct, 3 workloads, 2.51x (2.04x .. 3.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   9. total_seq_len > 3547 and num_seqs <= 5 and mean_seq_len <= 5792: cuda_prefill_cp.p8, 4 workloads, 2.54x (1.48x .. 3.12x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   10. total_seq_len > 3547 and num_seqs <= 5 and 5792 < mean_seq_len <= 11608: cuda_prefill_cp.p16, 2 workloads, 2.07x (2.06x .. 2.07x) over vllm_flashinfer_prefill
+#   11. total_seq_len > 3547 and num_seqs <= 5 and mean_seq_len > 11608: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   12. total_seq_len > 3547 and 5 < num_seqs <= 35 and mean_seq_len <= 596: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len > 3547 and 5 < num_seqs <= 35 and mean_seq_len > 596: cuda_prefill_staged.r32s4, 4 workloads, 2.90x (2.19x .. 4.05x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   14. total_seq_len > 3547 and 35 < num_seqs <= 251: cuda_prefill_staged.r64s4, 7 workloads, 1.79x (1.14x .. 2.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   15. total_seq_len > 3547 and num_seqs > 251: flashinfer_direct, 4 workloads, 1.46x (1.39x .. 1.54x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -86,7 +88,7 @@ REGIONS = (
     {'region': 2, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (21, 34), 'total_seq_len': (None, 1448)}, 'workloads': 8, 'speedup': (1.04, 1.09, 1.14), 'fallbacks': ()},
     {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (34, None), 'total_seq_len': (None, 1448)}, 'workloads': 20, 'speedup': (1.05, 1.19, 1.32), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (245, 1254), 'total_seq_len': (None, 1874)}, 'workloads': 11, 'speedup': (1.09, 1.75, 2.74), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1254, None), 'total_seq_len': (None, 10882)}, 'workloads': 8, 'speedup': (1.05, 1.23, 1.41), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1254, None), 'total_seq_len': (None, 10882)}, 'workloads': 9, 'speedup': (1.05, 1.24, 1.41), 'fallbacks': ()},
     {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (None, 21), 'total_seq_len': (21, 158)}, 'workloads': 19, 'speedup': (1.87, 4.19, 7.31), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
     {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 84), 'num_seqs': (None, 21), 'total_seq_len': (158, None)}, 'workloads': 19, 'speedup': (1.53, 3.41, 5.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (84, 245), 'num_seqs': (None, 21), 'total_seq_len': (158, None)}, 'workloads': 15, 'speedup': (1.17, 2.47, 4.33), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
@@ -97,19 +99,21 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (None, 374)}, 'workloads': 22, 'speedup': (3.62, 7.13, 15.26), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (None, 374)}, 'workloads': 25, 'speedup': (2.15, 5.13, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (45, None), 'total_seq_len': (374, 2056)}, 'workloads': 37, 'speedup': (1.52, 3.8, 7.71), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 51), 'total_seq_len': (374, 3465)}, 'workloads': 9, 'speedup': (1.66, 2.97, 6.2), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (51, None), 'total_seq_len': (374, 3465)}, 'workloads': 19, 'speedup': (1.29, 1.99, 2.91), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (45, None), 'total_seq_len': (2056, 3465)}, 'workloads': 2, 'speedup': (2.04, 2.72, 3.62), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (None, 5792), 'num_seqs': (None, 5), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (1.48, 2.54, 3.12), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
-    {'region': 8, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (5792, 11608), 'num_seqs': (None, 5), 'total_seq_len': (3465, None)}, 'workloads': 2, 'speedup': (2.06, 2.07, 2.07), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11608, None), 'num_seqs': (None, 5), 'total_seq_len': (3465, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 596), 'num_seqs': (5, 35), 'total_seq_len': (3465, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (596, None), 'num_seqs': (5, 35), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (2.19, 2.9, 4.05), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (35, 251), 'total_seq_len': (3465, None)}, 'workloads': 7, 'speedup': (1.14, 1.79, 2.48), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (251, None), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (1.39, 1.46, 1.54), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (None, 9)}, 'workloads': 2, 'speedup': (11.05, 13.22, 15.83), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (None, 7), 'total_seq_len': (None, 374)}, 'workloads': 20, 'speedup': (3.62, 6.44, 13.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (7, None), 'total_seq_len': (None, 374)}, 'workloads': 12, 'speedup': (2.33, 5.71, 14.08), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (9, 126)}, 'workloads': 7, 'speedup': (3.65, 7.48, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (None, 225), 'total_seq_len': (126, 3547)}, 'workloads': 7, 'speedup': (2.05, 3.06, 6.39), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (225, None), 'total_seq_len': (126, 3547)}, 'workloads': 6, 'speedup': (1.29, 1.8, 2.62), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (6, None), 'total_seq_len': (374, 2056)}, 'workloads': 58, 'speedup': (1.26, 3.2, 7.71), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (6, None), 'total_seq_len': (2056, 3547)}, 'workloads': 3, 'speedup': (2.04, 2.51, 3.62), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (None, 5792), 'num_seqs': (None, 5), 'total_seq_len': (3547, None)}, 'workloads': 4, 'speedup': (1.48, 2.54, 3.12), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 10, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (5792, 11608), 'num_seqs': (None, 5), 'total_seq_len': (3547, None)}, 'workloads': 2, 'speedup': (2.06, 2.07, 2.07), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11608, None), 'num_seqs': (None, 5), 'total_seq_len': (3547, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 596), 'num_seqs': (5, 35), 'total_seq_len': (3547, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (596, None), 'num_seqs': (5, 35), 'total_seq_len': (3547, None)}, 'workloads': 4, 'speedup': (2.19, 2.9, 4.05), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (35, 251), 'total_seq_len': (3547, None)}, 'workloads': 7, 'speedup': (1.14, 1.79, 2.48), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (251, None), 'total_seq_len': (3547, None)}, 'workloads': 4, 'speedup': (1.39, 1.46, 1.54), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -130,7 +134,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 4: 11 workloads, 1.75x (1.09x .. 2.74x) over vllm_flashinfer_prefill
     if total_seq_len <= 1874 and 245 < mean_seq_len <= 1254:
         return 'cuda_prefill_staged.r32s4'
-    # region 5: 8 workloads, 1.23x (1.05x .. 1.41x) over vllm_flashinfer_prefill
+    # region 5: 9 workloads, 1.24x (1.05x .. 1.41x) over vllm_flashinfer_prefill
     if total_seq_len <= 10882 and mean_seq_len > 1254:
         return 'cuda_prefill_cp.p8'
     # region 6: 19 workloads, 4.19x (1.87x .. 7.31x) over vllm_flashinfer_prefill
@@ -160,57 +164,63 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 22 workloads, 7.13x (3.62x .. 15.26x) over vllm_flashinfer_prefill
-    if total_seq_len <= 374 and num_seqs <= 4:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 25 workloads, 5.13x (2.15x .. 15.34x) over vllm_flashinfer_prefill
-    if total_seq_len <= 374 and num_seqs > 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 37 workloads, 3.80x (1.52x .. 7.71x) over vllm_flashinfer_prefill
-    if 374 < total_seq_len <= 2056 and mean_seq_len > 45:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 4: 9 workloads, 2.97x (1.66x .. 6.20x) over vllm_flashinfer_prefill
-    if 374 < total_seq_len <= 3465 and num_seqs <= 51 and mean_seq_len <= 45:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 19 workloads, 1.99x (1.29x .. 2.91x) over vllm_flashinfer_prefill
-    if 374 < total_seq_len <= 3465 and num_seqs > 51 and mean_seq_len <= 45:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 2 workloads, 2.72x (2.04x .. 3.62x) over vllm_flashinfer_prefill
-    if 2056 < total_seq_len <= 3465 and mean_seq_len > 45:
+    # region 1: 2 workloads, 13.22x (11.05x .. 15.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 9 and mean_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 20 workloads, 6.44x (3.62x .. 13.30x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs <= 7 and mean_seq_len > 6:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 12 workloads, 5.71x (2.33x .. 14.08x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs > 7 and mean_seq_len > 6:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 7 workloads, 7.48x (3.65x .. 15.34x) over vllm_flashinfer_prefill
+    if 9 < total_seq_len <= 126 and mean_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 7 workloads, 3.06x (2.05x .. 6.39x) over vllm_flashinfer_prefill
+    if 126 < total_seq_len <= 3547 and num_seqs <= 225 and mean_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 6 workloads, 1.80x (1.29x .. 2.62x) over vllm_flashinfer_prefill
+    if 126 < total_seq_len <= 3547 and num_seqs > 225 and mean_seq_len <= 6:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 58 workloads, 3.20x (1.26x .. 7.71x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 2056 and mean_seq_len > 6:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 8: 3 workloads, 2.51x (2.04x .. 3.62x) over vllm_flashinfer_prefill
+    if 2056 < total_seq_len <= 3547 and mean_seq_len > 6:
         return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 7: 4 workloads, 2.54x (1.48x .. 3.12x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and num_seqs <= 5 and mean_seq_len <= 5792:
+    # region 9: 4 workloads, 2.54x (1.48x .. 3.12x) over vllm_flashinfer_prefill
+    if total_seq_len > 3547 and num_seqs <= 5 and mean_seq_len <= 5792:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
-    # region 8: 2 workloads, 2.07x (2.06x .. 2.07x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and num_seqs <= 5 and 5792 < mean_seq_len <= 11608:
+    # region 10: 2 workloads, 2.07x (2.06x .. 2.07x) over vllm_flashinfer_prefill
+    if total_seq_len > 3547 and num_seqs <= 5 and 5792 < mean_seq_len <= 11608:
         return 'cuda_prefill_cp.p16'
-    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3465 and num_seqs <= 5 and mean_seq_len > 11608:
+    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3547 and num_seqs <= 5 and mean_seq_len > 11608:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3465 and 5 < num_seqs <= 35 and mean_seq_len <= 596:
+    # region 12: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3547 and 5 < num_seqs <= 35 and mean_seq_len <= 596:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 4 workloads, 2.90x (2.19x .. 4.05x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and 5 < num_seqs <= 35 and mean_seq_len > 596:
+    # region 13: 4 workloads, 2.90x (2.19x .. 4.05x) over vllm_flashinfer_prefill
+    if total_seq_len > 3547 and 5 < num_seqs <= 35 and mean_seq_len > 596:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 12: 7 workloads, 1.79x (1.14x .. 2.48x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and 35 < num_seqs <= 251:
+    # region 14: 7 workloads, 1.79x (1.14x .. 2.48x) over vllm_flashinfer_prefill
+    if total_seq_len > 3547 and 35 < num_seqs <= 251:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 4 workloads, 1.46x (1.39x .. 1.54x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and num_seqs > 251:
+    # region 15: 4 workloads, 1.46x (1.39x .. 1.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 3547 and num_seqs > 251:
         return ('flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2708 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2734 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.58% mean, 72.40% max;
-#             1.414x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.28% mean, 130.06% max;
-#             3.116x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.74% mean, 72.40% max;
+#             1.409x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.29% mean, 130.06% max;
+#             3.112x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 9: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.46x (7.72x .. 8.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 72 and num_seqs <= 11 and 9 < max_seq_len <= 45: triton_prefill_fused.c16v32, 5 workloads, 4.93x (3.84x .. 7.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
@@ -235,7 +245,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   21. total_seq_len <= 2896 and 11 < num_seqs <= 22 and max_seq_len > 1659: triton_prefill_chunked.v64, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   22. total_seq_len <= 2896 and 22 < num_seqs <= 51 and max_seq_len > 711: cuda_prefill_staged.r32s4, 2 workloads, 1.14x (1.14x .. 1.15x) over vllm_flashinfer_prefill
 #   23. total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len > 5 and 70 < max_seq_len <= 107: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   24. total_seq_len <= 5792 and num_seqs <= 5 and max_seq_len > 2563: cuda_prefill_cp.p8, 2 workloads, 1.34x (1.29x .. 1.39x) over vllm_flashinfer_prefill
+#   24. total_seq_len <= 5792 and num_seqs <= 5 and max_seq_len > 2563: cuda_prefill_cp.p8, 3 workloads, 1.34x (1.29x .. 1.39x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16
 #   25. total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len > 5 and 35 < max_seq_len <= 70: cuda_prefill_staged.r64s4, 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
 #   26. num_seqs <= 5 and 711 < max_seq_len <= 2563: cuda_prefill_cp.p4, 8 workloads, 1.34x (1.22x .. 1.42x) over vllm_flashinfer_prefill
 #   27. num_seqs > 79 and mean_seq_len > 5 and max_seq_len <= 35: cuda_prefill_staged.r64s4, 2 workloads, 1.26x (1.17x .. 1.37x) over vllm_flashinfer_prefill
@@ -259,7 +269,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   45. total_seq_len > 1874 and num_seqs <= 51 and 251 < max_seq_len <= 711: flashinfer_direct, 7 workloads, 1.86x (1.03x .. 3.61x) over vllm_flashinfer_prefill
 #   46. 2896 < total_seq_len <= 5792 and 5 < num_seqs <= 22 and 1659 < max_seq_len <= 2000: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
 #   47. 2896 < total_seq_len <= 5792 and 5 < num_seqs <= 22 and max_seq_len > 2000: vllm_flashinfer_prefill (baseline), 0 workloads
-#   48. total_seq_len > 2896 and 5 < num_seqs <= 22 and 711 < max_seq_len <= 1659: flashinfer_direct, 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   48. total_seq_len > 2896 and 5 < num_seqs <= 22 and 711 < max_seq_len <= 1659: flashinfer_direct, 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
 #   49. total_seq_len > 2896 and 22 < num_seqs <= 51 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64
 #   50. total_seq_len > 2896 and 22 < num_seqs <= 51 and 762 < max_seq_len <= 1336: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
 #   51. total_seq_len > 2896 and 22 < num_seqs <= 51 and max_seq_len > 1336: cuda_prefill_staged.r32s4, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
@@ -281,13 +291,13 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   4. total_seq_len <= 362 and mean_seq_len > 22 and 125 < max_seq_len <= 209: cuda_prefill_pool_rows.k16c8, 3 workloads, 5.30x (4.08x .. 7.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
 #   5. total_seq_len <= 533 and num_seqs <= 90 and mean_seq_len <= 22 and 125 < max_seq_len <= 209: triton_prefill_fused.c16v32, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   6. total_seq_len <= 533 and num_seqs > 90 and mean_seq_len <= 22 and 125 < max_seq_len <= 209: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 2450 and num_seqs <= 5 and mean_seq_len > 1773 and 209 < max_seq_len <= 3465: cuda_prefill_cp.p8, 1 workloads, 2.55x (2.55x .. 2.55x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 2450 and num_seqs <= 5 and mean_seq_len > 1773 and 209 < max_seq_len <= 3001: cuda_prefill_cp.p8, 1 workloads, 2.55x (2.55x .. 2.55x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
 #   8. total_seq_len <= 4833 and num_seqs > 35 and mean_seq_len <= 1773 and 209 < max_seq_len <= 16368: cuda_prefill_staged.r32s4, 6 workloads, 1.96x (1.70x .. 2.47x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32
 #   9. total_seq_len <= 5792 and num_seqs <= 22 and mean_seq_len <= 1773 and 209 < max_seq_len <= 249: triton_prefill_fused.c16v32, 6 workloads, 4.26x (2.87x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   10. total_seq_len <= 5792 and num_seqs <= 22 and mean_seq_len <= 1773 and 249 < max_seq_len <= 4090: cuda_prefill_staged.r32s4, 28 workloads, 3.98x (2.00x .. 7.54x) over vllm_flashinfer_prefill; then triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
 #   11. total_seq_len <= 11585 and 22 < num_seqs <= 35 and mean_seq_len <= 1773 and 209 < max_seq_len <= 16368: cuda_prefill_staged.r32s4, 7 workloads, 1.93x (1.47x .. 2.47x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
 #   12. num_seqs <= 5 and 1773 < mean_seq_len <= 23170 and max_seq_len > 8189: cuda_prefill_cp.p16, 3 workloads, 1.77x (1.30x .. 2.07x) over vllm_flashinfer_prefill
-#   13. num_seqs <= 5 and mean_seq_len > 1773 and 3465 < max_seq_len <= 8189: cuda_prefill_cp.p8, 3 workloads, 2.44x (1.48x .. 3.12x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4
+#   13. num_seqs <= 5 and mean_seq_len > 1773 and 3001 < max_seq_len <= 8189: cuda_prefill_cp.p8, 4 workloads, 2.50x (1.48x .. 3.12x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4
 #   14. num_seqs <= 5 and mean_seq_len > 23170 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
 #   15. num_seqs <= 22 and mean_seq_len <= 1773 and 4090 < max_seq_len <= 5419: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
 #   16. num_seqs <= 22 and mean_seq_len <= 1773 and max_seq_len > 5419: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
@@ -307,7 +317,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   30. total_seq_len > 533 and num_seqs > 90 and 35 < max_seq_len <= 126: cuda_prefill_staged.r64s4, 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
 #   31. total_seq_len > 1448 and num_seqs <= 181 and 28 < max_seq_len <= 35: triton_prefill_fused.c16v64, 1 workloads, 3.34x (3.34x .. 3.34x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   32. total_seq_len > 1448 and num_seqs > 181 and 28 < max_seq_len <= 35: cuda_prefill_staged.r64s4, 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   33. total_seq_len > 2450 and num_seqs <= 5 and mean_seq_len > 1773 and 209 < max_seq_len <= 3465: cuda_prefill_cp.p4, 2 workloads, 2.89x (2.67x .. 3.14x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   33. total_seq_len > 2450 and num_seqs <= 5 and mean_seq_len > 1773 and 209 < max_seq_len <= 3001: cuda_prefill_cp.p4, 2 workloads, 2.89x (2.67x .. 3.14x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   34. total_seq_len > 4833 and num_seqs > 35 and mean_seq_len <= 1773 and 209 < max_seq_len <= 16368: cuda_prefill_staged.r64s4, 6 workloads, 1.60x (1.14x .. 1.99x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
 #   35. total_seq_len > 5792 and num_seqs <= 11 and mean_seq_len <= 1773 and 209 < max_seq_len <= 4090: cuda_prefill_staged.r32s4, 2 workloads, 3.74x (3.46x .. 4.05x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
 #   36. total_seq_len > 5792 and 11 < num_seqs <= 22 and mean_seq_len <= 1773 and 209 < max_seq_len <= 4090: cuda_prefill_staged.r64s4, 3 workloads, 3.21x (2.27x .. 6.40x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
@@ -337,7 +347,7 @@ REGIONS_HINTED = (
     {'region': 21, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1659, None), 'num_seqs': (11, 22), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': (), 'hand_back': True},
     {'region': 22, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (711, None), 'num_seqs': (22, 51), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.14, 1.14, 1.15), 'fallbacks': ()},
     {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (70, 107), 'mean_seq_len': (5, None), 'num_seqs': (79, None), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 24, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2563, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.29, 1.34, 1.39), 'fallbacks': ()},
+    {'region': 24, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2563, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 5792)}, 'workloads': 3, 'speedup': (1.29, 1.34, 1.39), 'fallbacks': ('cuda_prefill_cp.p16',)},
     {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (35, 70), 'mean_seq_len': (5, None), 'num_seqs': (79, None), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ()},
     {'region': 26, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (711, 2563), 'num_seqs': (None, 5)}, 'workloads': 8, 'speedup': (1.22, 1.34, 1.42), 'fallbacks': ()},
     {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 35), 'mean_seq_len': (5, None), 'num_seqs': (79, None)}, 'workloads': 2, 'speedup': (1.17, 1.26, 1.37), 'fallbacks': ()},
@@ -361,7 +371,7 @@ REGIONS_HINTED = (
     {'region': 45, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (251, 711), 'num_seqs': (None, 51), 'total_seq_len': (1874, None)}, 'workloads': 7, 'speedup': (1.03, 1.86, 3.61), 'fallbacks': ()},
     {'region': 46, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1659, 2000), 'num_seqs': (5, 22), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
     {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2000, None), 'num_seqs': (5, 22), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 48, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (711, 1659), 'num_seqs': (5, 22), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.05, 2.05, 2.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 48, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (711, 1659), 'num_seqs': (5, 22), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.05, 2.05, 2.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'num_seqs': (22, 51), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64')},
     {'region': 50, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, 1336), 'num_seqs': (22, 51), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 51, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1336, None), 'num_seqs': (22, 51), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': ('cuda_prefill_staged.r64s4',), 'hand_back': True},
@@ -385,13 +395,13 @@ REGIONS_HINTED_EAGER = (
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (22, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (4.08, 5.3, 7.25), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (None, 22), 'num_seqs': (None, 90), 'total_seq_len': (None, 533)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (None, 22), 'num_seqs': (90, None), 'total_seq_len': (None, 533)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (209, 3465), 'mean_seq_len': (1773, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 2450)}, 'workloads': 1, 'speedup': (2.55, 2.55, 2.55), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (209, 3001), 'mean_seq_len': (1773, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 2450)}, 'workloads': 1, 'speedup': (2.55, 2.55, 2.55), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (209, 16368), 'mean_seq_len': (None, 1773), 'num_seqs': (35, None), 'total_seq_len': (None, 4833)}, 'workloads': 6, 'speedup': (1.7, 1.96, 2.47), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32')},
     {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (209, 249), 'mean_seq_len': (None, 1773), 'num_seqs': (None, 22), 'total_seq_len': (None, 5792)}, 'workloads': 6, 'speedup': (2.87, 4.26, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (249, 4090), 'mean_seq_len': (None, 1773), 'num_seqs': (None, 22), 'total_seq_len': (None, 5792)}, 'workloads': 28, 'speedup': (2.0, 3.98, 7.54), 'fallbacks': ('triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (209, 16368), 'mean_seq_len': (None, 1773), 'num_seqs': (22, 35), 'total_seq_len': (None, 11585)}, 'workloads': 7, 'speedup': (1.47, 1.93, 2.47), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
     {'region': 12, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (8189, None), 'mean_seq_len': (1773, 23170), 'num_seqs': (None, 5)}, 'workloads': 3, 'speedup': (1.3, 1.77, 2.07), 'fallbacks': ()},
-    {'region': 13, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (3465, 8189), 'mean_seq_len': (1773, None), 'num_seqs': (None, 5)}, 'workloads': 3, 'speedup': (1.48, 2.44, 3.12), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
+    {'region': 13, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (3001, 8189), 'mean_seq_len': (1773, None), 'num_seqs': (None, 5)}, 'workloads': 4, 'speedup': (1.48, 2.5, 3.12), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
     {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'mean_seq_len': (23170, None), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (4090, 5419), 'mean_seq_len': (None, 1773), 'num_seqs': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5419, None), 'mean_seq_len': (None, 1773), 'num_seqs': (None, 22)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
@@ -411,7 +421,7 @@ REGIONS_HINTED_EAGER = (
     {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (35, 126), 'num_seqs': (90, None), 'total_seq_len': (533, None)}, 'workloads': 1, 'speedup': (2.63, 2.63, 2.63), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (28, 35), 'num_seqs': (None, 181), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (3.34, 3.34, 3.34), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (28, 35), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.6, 1.6, 1.6), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 33, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (209, 3465), 'mean_seq_len': (1773, None), 'num_seqs': (None, 5), 'total_seq_len': (2450, None)}, 'workloads': 2, 'speedup': (2.67, 2.89, 3.14), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 33, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (209, 3001), 'mean_seq_len': (1773, None), 'num_seqs': (None, 5), 'total_seq_len': (2450, None)}, 'workloads': 2, 'speedup': (2.67, 2.89, 3.14), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (209, 16368), 'mean_seq_len': (None, 1773), 'num_seqs': (35, None), 'total_seq_len': (4833, None)}, 'workloads': 6, 'speedup': (1.14, 1.6, 1.99), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
     {'region': 35, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (209, 4090), 'mean_seq_len': (None, 1773), 'num_seqs': (None, 11), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (3.46, 3.74, 4.05), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (209, 4090), 'mean_seq_len': (None, 1773), 'num_seqs': (11, 22), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (2.27, 3.21, 6.4), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
@@ -493,9 +503,9 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 23: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len > 5 and 70 < max_seq_len <= 107:
         return 'cuda_prefill_staged.r64s4'
-    # region 24: 2 workloads, 1.34x (1.29x .. 1.39x) over vllm_flashinfer_prefill
+    # region 24: 3 workloads, 1.34x (1.29x .. 1.39x) over vllm_flashinfer_prefill
     if total_seq_len <= 5792 and num_seqs <= 5 and max_seq_len > 2563:
-        return 'cuda_prefill_cp.p8'
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
     # region 25: 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
     if total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len > 5 and 35 < max_seq_len <= 70:
         return 'cuda_prefill_staged.r64s4'
@@ -564,7 +574,7 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return 'cuda_prefill_staged.r32s4'
     # region 48: 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill
     if total_seq_len > 2896 and 5 < num_seqs <= 22 and 711 < max_seq_len <= 1659:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     # region 49: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 22 < num_seqs <= 51 and 711 < max_seq_len <= 762:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
@@ -626,7 +636,7 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len <= 533 and num_seqs > 90 and mean_seq_len <= 22 and 125 < max_seq_len <= 209:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
     # region 7: 1 workloads, 2.55x (2.55x .. 2.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2450 and num_seqs <= 5 and mean_seq_len > 1773 and 209 < max_seq_len <= 3465:
+    if total_seq_len <= 2450 and num_seqs <= 5 and mean_seq_len > 1773 and 209 < max_seq_len <= 3001:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p8'
     # region 8: 6 workloads, 1.96x (1.70x .. 2.47x) over vllm_flashinfer_prefill
     if total_seq_len <= 4833 and num_seqs > 35 and mean_seq_len <= 1773 and 209 < max_seq_len <= 16368:
@@ -643,8 +653,8 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 12: 3 workloads, 1.77x (1.30x .. 2.07x) over vllm_flashinfer_prefill
     if num_seqs <= 5 and 1773 < mean_seq_len <= 23170 and max_seq_len > 8189:
         return 'cuda_prefill_cp.p16'
-    # region 13: 3 workloads, 2.44x (1.48x .. 3.12x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and mean_seq_len > 1773 and 3465 < max_seq_len <= 8189:
+    # region 13: 4 workloads, 2.50x (1.48x .. 3.12x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and mean_seq_len > 1773 and 3001 < max_seq_len <= 8189:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
     # region 14: 1 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs <= 5 and mean_seq_len > 23170 and max_seq_len > 8189:
@@ -698,7 +708,7 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len > 1448 and num_seqs > 181 and 28 < max_seq_len <= 35:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     # region 33: 2 workloads, 2.89x (2.67x .. 3.14x) over vllm_flashinfer_prefill
-    if total_seq_len > 2450 and num_seqs <= 5 and mean_seq_len > 1773 and 209 < max_seq_len <= 3465:
+    if total_seq_len > 2450 and num_seqs <= 5 and mean_seq_len > 1773 and 209 < max_seq_len <= 3001:
         return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p4'
     # region 34: 6 workloads, 1.60x (1.14x .. 1.99x) over vllm_flashinfer_prefill
     if total_seq_len > 4833 and num_seqs > 35 and mean_seq_len <= 1773 and 209 < max_seq_len <= 16368:

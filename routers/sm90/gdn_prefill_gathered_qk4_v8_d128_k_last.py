@@ -6,28 +6,28 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-01T11:18:33Z
-# workloads   141 (workload-set digest af3654f7bd8a7a70)
+# measured    up to 2026-12-01T22:29:43Z
+# workloads   144 (workload-set digest 4ae7ecbdaeaa925e)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  141/141  1.00x
-#   cuda_prefill_cp.p16             dffbd933664a25c8  10/10  0.77x
-#   cuda_prefill_cp.p4              647de52a3eb20d1c  10/10  0.94x
-#   cuda_prefill_cp.p8              f0718db216ee20b2  10/10  0.91x
-#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  81/134  0.89x  [53 screened out]
-#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  79/134  0.89x  [55 screened out]
-#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  84/134  0.87x  [50 screened out]
-#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  85/134  0.90x  [49 screened out]
-#   cuda_prefill_staged.r32s4       4ec9c61f42b0e2c0  139/141  1.45x  [2 screened out]
-#   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  139/141  1.45x  [2 screened out]
-#   flashinfer_direct               755eb6578bd0a1f3  139/141  1.45x  [2 screened out]
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  144/144  1.00x
+#   cuda_prefill_cp.p16             dffbd933664a25c8  13/13  0.80x
+#   cuda_prefill_cp.p4              647de52a3eb20d1c  13/13  1.00x
+#   cuda_prefill_cp.p8              f0718db216ee20b2  13/13  0.95x
+#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  81/137  0.89x  [56 screened out]
+#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  79/137  0.89x  [58 screened out]
+#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  84/137  0.87x  [53 screened out]
+#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  85/137  0.90x  [52 screened out]
+#   cuda_prefill_staged.r32s4       4ec9c61f42b0e2c0  142/144  1.43x  [2 screened out]
+#   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  142/144  1.43x  [2 screened out]
+#   flashinfer_direct               755eb6578bd0a1f3  142/144  1.42x  [2 screened out]
 #   flashqla_chunk                  5e5c152ba7fedf0f  0/0  -
-#   triton_prefill_chunked.v64      91b329a0e287a87d  103/141  0.88x  [38 screened out]
-#   triton_prefill_fused.c16v32     6adb950fad8337e7  118/141  1.00x  [23 screened out]
-#   triton_prefill_fused.c16v64     c51d19b31b74e07c  121/141  1.06x  [20 screened out]
-#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  139/141  1.07x  [2 screened out]
-#   triton_prefill_staged.c16v64    71c60215ec2efc08  137/141  1.09x  [4 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  140/141  1.42x  [1 screened out]
+#   triton_prefill_chunked.v64      91b329a0e287a87d  105/144  0.88x  [39 screened out]
+#   triton_prefill_fused.c16v32     6adb950fad8337e7  120/144  0.98x  [24 screened out]
+#   triton_prefill_fused.c16v64     c51d19b31b74e07c  123/144  1.03x  [21 screened out]
+#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  141/144  1.06x  [3 screened out]
+#   triton_prefill_staged.c16v64    71c60215ec2efc08  139/144  1.07x  [5 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  142/144  1.41x  [2 screened out]
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_cp.p16             segments=16
 #   cuda_prefill_cp.p4              segments=4
@@ -49,30 +49,32 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 10.08% mean, 199.25% max;
-#             1.257x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 15.26% mean, 189.89% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 9.93% mean, 199.25% max;
+#             1.255x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 15.02% mean, 189.89% max;
 #             2.627x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 75 and num_seqs <= 9 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 5 workloads, 5.61x (1.36x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 75 and num_seqs <= 9 and 7 < mean_seq_len <= 362: triton_prefill_fused.c16v32, 5 workloads, 4.51x (2.96x .. 6.86x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
 #   3. total_seq_len <= 399 and 9 < num_seqs <= 17: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.10x (1.06x .. 1.14x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   4. total_seq_len <= 399 and num_seqs > 17: cuda_prefill_staged.r64s4, 10 workloads, 1.33x (1.23x .. 1.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   5. total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len > 362: cuda_prefill_staged.r32s4, 6 workloads, 1.49x (1.14x .. 1.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   6. total_seq_len > 75 and num_seqs <= 9 and mean_seq_len <= 72: flashinfer_direct, 15 workloads, 4.01x (2.45x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
-#   7. total_seq_len > 75 and num_seqs <= 9 and 72 < mean_seq_len <= 362: cuda_prefill_staged.r32s4, 19 workloads, 2.50x (1.18x .. 4.19x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   8. 399 < total_seq_len <= 557 and 9 < num_seqs <= 33: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. 399 < total_seq_len <= 557 and num_seqs > 33: cuda_prefill_staged.r64s4, 6 workloads, 1.37x (1.19x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   10. total_seq_len > 557 and num_seqs > 9 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 20 workloads, 1.22x (1.03x .. 1.50x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 557 and num_seqs > 9 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   12. total_seq_len > 1704 and num_seqs <= 9 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 18 workloads
+#   5. total_seq_len <= 1205 and num_seqs <= 9 and 362 < mean_seq_len <= 914: cuda_prefill_staged.r32s4, 4 workloads, 1.69x (1.32x .. 1.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 3547 and num_seqs <= 9 and mean_seq_len > 914: cuda_prefill_cp.p4, 4 workloads, 1.25x (1.08x .. 1.40x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   7. total_seq_len > 75 and num_seqs <= 9 and mean_seq_len <= 72: flashinfer_direct, 15 workloads, 4.01x (2.45x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
+#   8. total_seq_len > 75 and num_seqs <= 9 and 72 < mean_seq_len <= 362: cuda_prefill_staged.r32s4, 19 workloads, 2.50x (1.18x .. 4.19x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   9. 399 < total_seq_len <= 557 and 9 < num_seqs <= 33: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   10. 399 < total_seq_len <= 557 and num_seqs > 33: cuda_prefill_staged.r64s4, 6 workloads, 1.37x (1.19x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   11. total_seq_len > 557 and num_seqs > 9 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 20 workloads, 1.22x (1.03x .. 1.50x) over vllm_flashinfer_prefill
+#   12. total_seq_len > 557 and num_seqs > 9 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   13. total_seq_len > 1205 and num_seqs <= 9 and 362 < mean_seq_len <= 914: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
+#   14. total_seq_len > 3547 and num_seqs <= 9 and mean_seq_len > 914: vllm_flashinfer_prefill (baseline), 13 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 399 and num_seqs <= 62 and mean_seq_len <= 107: cuda_prefill_pool_rows.k8c8, 36 workloads, 5.64x (2.52x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
 #   2. total_seq_len <= 399 and num_seqs <= 62 and mean_seq_len > 107: triton_prefill_fused.c16v32, 5 workloads, 6.94x (4.47x .. 8.49x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   3. total_seq_len <= 4048 and num_seqs > 62 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.84x (2.07x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
 #   4. total_seq_len <= 4048 and num_seqs > 62 and mean_seq_len > 2: cuda_prefill_staged.r64s4, 19 workloads, 2.08x (1.29x .. 3.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   5. 399 < total_seq_len <= 552 and num_seqs <= 62: triton_prefill_fused.c16v32, 13 workloads, 4.18x (2.16x .. 9.24x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   6. 552 < total_seq_len <= 4048 and num_seqs <= 62: cuda_prefill_staged.r32s4, 32 workloads, 3.47x (1.48x .. 6.83x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   6. 552 < total_seq_len <= 4048 and num_seqs <= 62: cuda_prefill_staged.r32s4, 35 workloads, 3.39x (1.48x .. 6.83x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
 #   7. total_seq_len > 4048 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 6 workloads
 #   8. total_seq_len > 4048 and 3 < num_seqs <= 5: cuda_prefill_staged.r32s4, 4 workloads, 2.55x (1.92x .. 3.20x) over vllm_flashinfer_prefill
 #   9. total_seq_len > 4048 and 5 < num_seqs <= 11 and mean_seq_len > 331: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -86,14 +88,16 @@ REGIONS = (
     {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (7, 362), 'num_seqs': (None, 9), 'total_seq_len': (None, 75)}, 'workloads': 5, 'speedup': (2.96, 4.51, 6.86), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
     {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (9, 17), 'total_seq_len': (None, 399)}, 'workloads': 9, 'speedup': (1.06, 1.1, 1.14), 'fallbacks': ('flashinfer_direct',)},
     {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 399)}, 'workloads': 10, 'speedup': (1.23, 1.33, 1.43), 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 6, 'speedup': (1.14, 1.49, 1.98), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 72), 'num_seqs': (None, 9), 'total_seq_len': (75, None)}, 'workloads': 15, 'speedup': (2.45, 4.01, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (72, 362), 'num_seqs': (None, 9), 'total_seq_len': (75, None)}, 'workloads': 19, 'speedup': (1.18, 2.5, 4.19), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (9, 33), 'total_seq_len': (399, 557)}, 'workloads': 6, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (33, None), 'total_seq_len': (399, 557)}, 'workloads': 6, 'speedup': (1.19, 1.37, 1.51), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (557, None)}, 'workloads': 20, 'speedup': (1.03, 1.22, 1.5), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (9, None), 'total_seq_len': (557, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 9), 'total_seq_len': (1704, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (362, 914), 'num_seqs': (None, 9), 'total_seq_len': (None, 1205)}, 'workloads': 4, 'speedup': (1.32, 1.69, 1.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (914, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 3547)}, 'workloads': 4, 'speedup': (1.08, 1.25, 1.4), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 72), 'num_seqs': (None, 9), 'total_seq_len': (75, None)}, 'workloads': 15, 'speedup': (2.45, 4.01, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (72, 362), 'num_seqs': (None, 9), 'total_seq_len': (75, None)}, 'workloads': 19, 'speedup': (1.18, 2.5, 4.19), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (9, 33), 'total_seq_len': (399, 557)}, 'workloads': 6, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (33, None), 'total_seq_len': (399, 557)}, 'workloads': 6, 'speedup': (1.19, 1.37, 1.51), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (557, None)}, 'workloads': 20, 'speedup': (1.03, 1.22, 1.5), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (9, None), 'total_seq_len': (557, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, 914), 'num_seqs': (None, 9), 'total_seq_len': (1205, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (914, None), 'num_seqs': (None, 9), 'total_seq_len': (3547, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
@@ -102,7 +106,7 @@ REGIONS_EAGER = (
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (62, None), 'total_seq_len': (None, 4048)}, 'workloads': 6, 'speedup': (2.07, 2.84, 3.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
     {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (62, None), 'total_seq_len': (None, 4048)}, 'workloads': 19, 'speedup': (1.29, 2.08, 3.39), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 62), 'total_seq_len': (399, 552)}, 'workloads': 13, 'speedup': (2.16, 4.18, 9.24), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (None, 62), 'total_seq_len': (552, 4048)}, 'workloads': 32, 'speedup': (1.48, 3.47, 6.83), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (None, 62), 'total_seq_len': (552, 4048)}, 'workloads': 35, 'speedup': (1.48, 3.39, 6.83), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
     {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (4048, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
     {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (3, 5), 'total_seq_len': (4048, None)}, 'workloads': 4, 'speedup': (1.92, 2.55, 3.2), 'fallbacks': ()},
     {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (331, None), 'num_seqs': (5, 11), 'total_seq_len': (4048, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -129,27 +133,33 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 4: 10 workloads, 1.33x (1.23x .. 1.43x) over vllm_flashinfer_prefill
     if total_seq_len <= 399 and num_seqs > 17:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 6 workloads, 1.49x (1.14x .. 1.98x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len > 362:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 15 workloads, 4.01x (2.45x .. 5.79x) over vllm_flashinfer_prefill
+    # region 5: 4 workloads, 1.69x (1.32x .. 1.98x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1205 and num_seqs <= 9 and 362 < mean_seq_len <= 914:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 4 workloads, 1.25x (1.08x .. 1.40x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3547 and num_seqs <= 9 and mean_seq_len > 914:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
+    # region 7: 15 workloads, 4.01x (2.45x .. 5.79x) over vllm_flashinfer_prefill
     if total_seq_len > 75 and num_seqs <= 9 and mean_seq_len <= 72:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_direct'
-    # region 7: 19 workloads, 2.50x (1.18x .. 4.19x) over vllm_flashinfer_prefill
+    # region 8: 19 workloads, 2.50x (1.18x .. 4.19x) over vllm_flashinfer_prefill
     if total_seq_len > 75 and num_seqs <= 9 and 72 < mean_seq_len <= 362:
         return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 6 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    # region 9: 6 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
     if 399 < total_seq_len <= 557 and 9 < num_seqs <= 33:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 6 workloads, 1.37x (1.19x .. 1.51x) over vllm_flashinfer_prefill
+    # region 10: 6 workloads, 1.37x (1.19x .. 1.51x) over vllm_flashinfer_prefill
     if 399 < total_seq_len <= 557 and num_seqs > 33:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 20 workloads, 1.22x (1.03x .. 1.50x) over vllm_flashinfer_prefill
+    # region 11: 20 workloads, 1.22x (1.03x .. 1.50x) over vllm_flashinfer_prefill
     if total_seq_len > 557 and num_seqs > 9 and mean_seq_len <= 45:
         return 'cuda_prefill_staged.r64s4'
-    # region 11: 22 workloads, the baseline; its stand-ins where it cannot run here
+    # region 12: 22 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 557 and num_seqs > 9 and mean_seq_len > 45:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1205 and num_seqs <= 9 and 362 < mean_seq_len <= 914:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -171,7 +181,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 5: 13 workloads, 4.18x (2.16x .. 9.24x) over vllm_flashinfer_prefill
     if 399 < total_seq_len <= 552 and num_seqs <= 62:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 32 workloads, 3.47x (1.48x .. 6.83x) over vllm_flashinfer_prefill
+    # region 6: 35 workloads, 3.39x (1.48x .. 6.83x) over vllm_flashinfer_prefill
     if 552 < total_seq_len <= 4048 and num_seqs <= 62:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
     # region 8: 4 workloads, 2.55x (1.92x .. 3.20x) over vllm_flashinfer_prefill
@@ -193,14 +203,14 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2518 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2574 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.04% mean, 199.25% max;
-#             1.297x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.25% mean, 122.24% max;
-#             2.833x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.32% mean, 199.25% max;
+#             1.290x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.18% mean, 122.24% max;
+#             2.895x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 45 and num_seqs <= 19 and mean_seq_len <= 6 and 10 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
 #   2. total_seq_len <= 181 and num_seqs <= 5 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 3 workloads, 5.06x (4.53x .. 5.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
@@ -208,19 +218,19 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   4. total_seq_len <= 557 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 449: cuda_prefill_staged.r32s4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   5. total_seq_len <= 724 and 5 < num_seqs <= 19 and 226 < max_seq_len <= 495: cuda_prefill_staged.r32s4, 3 workloads, 2.22x (1.11x .. 3.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   6. total_seq_len <= 1448 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 1704 and num_seqs <= 11 and 495 < max_seq_len <= 1021: cuda_prefill_staged.r32s4, 7 workloads, 1.72x (1.32x .. 1.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 1704 and num_seqs <= 11 and 1021 < max_seq_len <= 1491: cuda_prefill_cp.p4, 2 workloads, 1.30x (1.21x .. 1.40x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
-#   9. total_seq_len <= 2896 and num_seqs <= 2 and max_seq_len > 1491: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8
-#   10. total_seq_len <= 2896 and 11 < num_seqs <= 19 and max_seq_len > 901: cuda_prefill_staged.r32s4, 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   11. total_seq_len <= 2896 and num_seqs > 19 and 30 < mean_seq_len <= 45: cuda_prefill_staged.r64s4, 6 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
-#   12. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len <= 856: flashinfer_direct, 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len > 856: cuda_prefill_staged.r64s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-#   14. total_seq_len <= 5258 and 2 < num_seqs <= 7 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
+#   7. total_seq_len <= 1704 and num_seqs <= 11 and 495 < max_seq_len <= 1021: cuda_prefill_staged.r32s4, 7 workloads, 1.72x (1.32x .. 1.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   8. total_seq_len <= 1704 and num_seqs <= 11 and 1021 < max_seq_len <= 1380: cuda_prefill_cp.p4, 2 workloads, 1.30x (1.21x .. 1.40x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
+#   9. total_seq_len <= 2896 and 11 < num_seqs <= 19 and max_seq_len > 901: cuda_prefill_staged.r32s4, 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   10. total_seq_len <= 2896 and num_seqs > 19 and 30 < mean_seq_len <= 45: cuda_prefill_staged.r64s4, 6 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
+#   11. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len <= 856: flashinfer_direct, 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   12. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len > 856: cuda_prefill_staged.r64s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+#   13. total_seq_len <= 3547 and num_seqs <= 2 and max_seq_len > 1380: cuda_prefill_cp.p4, 3 workloads, 1.21x (1.08x .. 1.30x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   14. total_seq_len <= 5258 and 2 < num_seqs <= 7 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
 #   15. total_seq_len <= 5258 and 2 < num_seqs <= 11 and mean_seq_len > 362 and max_seq_len > 2712: vllm_flashinfer_prefill (baseline), 0 workloads
-#   16. total_seq_len <= 5258 and 7 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   16. total_seq_len <= 5258 and 7 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
 #   17. num_seqs <= 3 and mean_seq_len <= 6 and max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.00x (7.66x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   18. num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.86x (6.86x .. 6.86x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64
-#   19. 2 < num_seqs <= 11 and mean_seq_len <= 362 and max_seq_len > 1491: cuda_prefill_staged.r32s4, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   19. 2 < num_seqs <= 11 and mean_seq_len <= 362 and max_seq_len > 1380: cuda_prefill_staged.r32s4, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
 #   20. 3 < num_seqs <= 19 and mean_seq_len <= 6 and max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.50x (1.34x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   21. 5 < num_seqs <= 19 and 21 < max_seq_len <= 226: flashinfer_direct, 17 workloads, 2.02x (1.05x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
 #   22. 5 < num_seqs <= 19 and mean_seq_len > 6 and max_seq_len <= 21: triton_prefill_fused.c16v64, 5 workloads, 1.78x (1.16x .. 7.05x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
@@ -230,32 +240,31 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   26. num_seqs > 44 and mean_seq_len <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.66x (1.61x .. 1.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8
 #   27. num_seqs > 44 and mean_seq_len <= 2 and 11 < max_seq_len <= 449: cuda_prefill_staged.r64s4, 2 workloads, 1.43x (1.35x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
 #   28. total_seq_len > 45 and num_seqs <= 19 and mean_seq_len <= 6 and 10 < max_seq_len <= 21: triton_prefill_fused.c16v64, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   29. total_seq_len > 181 and num_seqs <= 5 and 21 < max_seq_len <= 136: flashinfer_direct, 4 workloads, 3.57x (3.05x .. 4.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   30. total_seq_len > 181 and num_seqs <= 5 and 136 < max_seq_len <= 495: cuda_prefill_staged.r32s4, 8 workloads, 2.61x (2.15x .. 3.12x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   31. 557 < total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 449: cuda_prefill_staged.r64s4, 4 workloads, 1.21x (1.05x .. 1.50x) over vllm_flashinfer_prefill
-#   32. total_seq_len > 724 and 5 < num_seqs <= 19 and 226 < max_seq_len <= 495: flashinfer_direct, 2 workloads, 3.47x (2.81x .. 4.28x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   33. 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   34. 1704 < total_seq_len <= 2896 and num_seqs <= 11 and 495 < max_seq_len <= 1491: cuda_prefill_staged.r32s4, 3 workloads, 2.14x (1.78x .. 2.70x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   35. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   36. total_seq_len > 2896 and num_seqs <= 2 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16
-#   37. total_seq_len > 2896 and num_seqs <= 11 and 495 < max_seq_len <= 1491: flashinfer_direct, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   38. total_seq_len > 2896 and 11 < num_seqs <= 19 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
-#   39. total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and 439 < max_seq_len <= 550: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   40. total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len > 550: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   41. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 639: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   42. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and 639 < max_seq_len <= 1491: vllm_flashinfer_prefill (baseline), 0 workloads
-#   43. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 1491: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   44. total_seq_len > 2896 and num_seqs > 39 and 30 < mean_seq_len <= 45 and max_seq_len <= 5420: cuda_prefill_staged.r64s4, 2 workloads, 1.14x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   45. total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 30 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
-#   46. total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 45 and max_seq_len <= 5420: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
-#   47. 5258 < total_seq_len <= 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712: cuda_prefill_staged.r32s4, 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
-#   48. total_seq_len > 5258 and 2 < num_seqs <= 3 and mean_seq_len > 362 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
-#   49. total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 2712 < max_seq_len <= 3947: cuda_prefill_staged.r32s4, 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   50. total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and max_seq_len > 3947: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64
-#   51. total_seq_len > 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
-#   52. total_seq_len > 5792 and 11 < num_seqs <= 19 and 639 < max_seq_len <= 901: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   53. total_seq_len > 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
-#   54. total_seq_len > 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
+#   29. total_seq_len > 181 and num_seqs <= 5 and 21 < max_seq_len <= 495: cuda_prefill_staged.r32s4, 12 workloads, 2.85x (2.15x .. 3.69x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   30. 557 < total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 449: cuda_prefill_staged.r64s4, 4 workloads, 1.21x (1.05x .. 1.50x) over vllm_flashinfer_prefill
+#   31. total_seq_len > 724 and 5 < num_seqs <= 19 and 226 < max_seq_len <= 495: flashinfer_direct, 2 workloads, 3.47x (2.81x .. 4.28x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   32. 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   33. 1704 < total_seq_len <= 2896 and num_seqs <= 11 and 495 < max_seq_len <= 1380: cuda_prefill_staged.r32s4, 3 workloads, 2.14x (1.78x .. 2.70x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4
+#   34. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   35. total_seq_len > 2896 and num_seqs <= 11 and 495 < max_seq_len <= 1380: flashinfer_direct, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
+#   36. total_seq_len > 2896 and 11 < num_seqs <= 19 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   37. total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and 439 < max_seq_len <= 550: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   38. total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len > 550: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   39. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 639: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   40. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and 639 < max_seq_len <= 1380: vllm_flashinfer_prefill (baseline), 0 workloads
+#   41. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 1380: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   42. total_seq_len > 2896 and num_seqs > 39 and 30 < mean_seq_len <= 45 and max_seq_len <= 5420: cuda_prefill_staged.r64s4, 2 workloads, 1.14x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   43. total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 30 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
+#   44. total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 45 and max_seq_len <= 5420: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
+#   45. total_seq_len > 3547 and num_seqs <= 2 and max_seq_len > 1380: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   46. 5258 < total_seq_len <= 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712: cuda_prefill_staged.r32s4, 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
+#   47. total_seq_len > 5258 and 2 < num_seqs <= 3 and mean_seq_len > 362 and max_seq_len > 1380: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
+#   48. total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 2712 < max_seq_len <= 3947: cuda_prefill_staged.r32s4, 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   49. total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and max_seq_len > 3947: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64
+#   50. total_seq_len > 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
+#   51. total_seq_len > 5792 and 11 < num_seqs <= 19 and 639 < max_seq_len <= 901: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   52. total_seq_len > 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
+#   53. total_seq_len > 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 90 and mean_seq_len <= 22 and max_seq_len > 26: cuda_prefill_pool_rows.k16c8, 2 workloads, 6.03x (4.34x .. 8.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 107 and mean_seq_len > 22 and max_seq_len > 10: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.29x (5.81x .. 11.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
@@ -271,22 +280,22 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   12. 181 < total_seq_len <= 362 and num_seqs <= 17 and 56 < max_seq_len <= 222: triton_prefill_fused.c16v32, 4 workloads, 7.70x (6.44x .. 8.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   13. 181 < total_seq_len <= 557 and num_seqs > 17 and max_seq_len <= 54: cuda_prefill_pool_rows.k2c8, 10 workloads, 3.37x (2.07x .. 5.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct
 #   14. 181 < total_seq_len <= 557 and num_seqs > 17 and max_seq_len > 54: cuda_prefill_staged.r64s4, 4 workloads, 2.31x (1.29x .. 3.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
-#   15. 181 < total_seq_len <= 657 and num_seqs <= 17 and 222 < max_seq_len <= 236: triton_prefill_fused.c16v32, 5 workloads, 4.02x (3.11x .. 4.91x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_chunked.v64
-#   16. 181 < total_seq_len <= 657 and num_seqs <= 17 and max_seq_len > 236: cuda_prefill_staged.r32s4, 5 workloads, 5.16x (3.07x .. 7.44x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 181 < total_seq_len <= 4048 and num_seqs <= 17 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 5 workloads, 4.95x (4.34x .. 5.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 362 < total_seq_len <= 4048 and num_seqs <= 17 and 56 < max_seq_len <= 222: triton_prefill_fused.c16v64, 9 workloads, 4.28x (2.42x .. 9.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 557 < total_seq_len <= 4048 and 17 < num_seqs <= 45 and max_seq_len <= 90: triton_prefill_fused.c16v64, 2 workloads, 3.17x (2.62x .. 3.83x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. 557 < total_seq_len <= 4048 and 17 < num_seqs <= 45 and max_seq_len > 90: cuda_prefill_staged.r64s4, 4 workloads, 1.76x (1.44x .. 1.94x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   21. 557 < total_seq_len <= 4048 and num_seqs > 45 and max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.56x (2.37x .. 3.00x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   22. 557 < total_seq_len <= 4048 and num_seqs > 45 and max_seq_len > 23: cuda_prefill_staged.r64s4, 9 workloads, 2.03x (1.77x .. 2.30x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   23. 657 < total_seq_len <= 4048 and num_seqs <= 1 and max_seq_len > 222: cuda_prefill_cp.p4, 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   24. 657 < total_seq_len <= 4048 and 1 < num_seqs <= 17 and max_seq_len > 222: cuda_prefill_staged.r32s4, 20 workloads, 4.07x (2.31x .. 6.83x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct
-#   25. 4048 < total_seq_len <= 10278 and 11 < num_seqs <= 30 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 2 workloads, 1.70x (1.57x .. 1.85x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   26. 4048 < total_seq_len <= 11165 and 2 < num_seqs <= 5 and 4093 < max_seq_len <= 7152: cuda_prefill_staged.r32s4, 1 workloads, 1.79x (1.79x .. 1.79x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   27. 4048 < total_seq_len <= 19714 and num_seqs > 30 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 7 workloads, 1.86x (1.41x .. 2.38x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   28. total_seq_len > 4048 and num_seqs <= 2 and mean_seq_len <= 5792 and max_seq_len > 4093: cuda_prefill_cp.p8, 1 workloads, 1.87x (1.87x .. 1.87x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
-#   29. total_seq_len > 4048 and num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16
-#   30. total_seq_len > 4048 and num_seqs <= 5 and max_seq_len <= 4093: cuda_prefill_staged.r32s4, 2 workloads, 3.15x (3.10x .. 3.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   15. 181 < total_seq_len <= 4048 and num_seqs <= 17 and mean_seq_len <= 636 and max_seq_len > 222: cuda_prefill_staged.r32s4, 29 workloads, 4.18x (2.31x .. 7.44x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   16. 181 < total_seq_len <= 4048 and num_seqs <= 17 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 5 workloads, 4.95x (4.34x .. 5.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 181 < total_seq_len <= 4048 and num_seqs <= 17 and mean_seq_len > 636 and 222 < max_seq_len <= 1773: cuda_prefill_staged.r32s4, 3 workloads, 4.16x (3.04x .. 4.91x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, flashinfer_direct
+#   18. 181 < total_seq_len <= 4048 and num_seqs <= 17 and mean_seq_len > 636 and max_seq_len > 1773: cuda_prefill_cp.p4, 2 workloads, 2.53x (2.44x .. 2.61x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct
+#   19. 362 < total_seq_len <= 4048 and num_seqs <= 17 and 56 < max_seq_len <= 222: triton_prefill_fused.c16v64, 9 workloads, 4.28x (2.42x .. 9.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. 557 < total_seq_len <= 4048 and 17 < num_seqs <= 45 and max_seq_len <= 90: triton_prefill_fused.c16v64, 2 workloads, 3.17x (2.62x .. 3.83x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. 557 < total_seq_len <= 4048 and 17 < num_seqs <= 45 and max_seq_len > 90: cuda_prefill_staged.r64s4, 4 workloads, 1.76x (1.44x .. 1.94x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   22. 557 < total_seq_len <= 4048 and num_seqs > 45 and max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.56x (2.37x .. 3.00x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   23. 557 < total_seq_len <= 4048 and num_seqs > 45 and max_seq_len > 23: cuda_prefill_staged.r64s4, 9 workloads, 2.03x (1.77x .. 2.30x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   24. 4048 < total_seq_len <= 10278 and 11 < num_seqs <= 30 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 2 workloads, 1.70x (1.57x .. 1.85x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   25. 4048 < total_seq_len <= 11165 and 2 < num_seqs <= 5 and 4093 < max_seq_len <= 7152: cuda_prefill_staged.r32s4, 1 workloads, 1.79x (1.79x .. 1.79x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   26. 4048 < total_seq_len <= 19714 and num_seqs > 30 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 7 workloads, 1.86x (1.41x .. 2.38x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   27. total_seq_len > 4048 and num_seqs <= 1 and mean_seq_len > 5792 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   28. total_seq_len > 4048 and num_seqs <= 2 and mean_seq_len <= 5792 and max_seq_len > 4093: cuda_prefill_cp.p4, 1 workloads, 1.87x (1.87x .. 1.87x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16
+#   29. total_seq_len > 4048 and num_seqs <= 5 and max_seq_len <= 4093: cuda_prefill_staged.r32s4, 2 workloads, 3.15x (3.10x .. 3.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   30. total_seq_len > 4048 and 1 < num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 4093: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p16
 #   31. total_seq_len > 4048 and 2 < num_seqs <= 11 and 7152 < max_seq_len <= 16372: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   32. total_seq_len > 4048 and 2 < num_seqs <= 45 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 0 workloads
 #   33. total_seq_len > 4048 and 5 < num_seqs <= 11 and max_seq_len <= 1448: cuda_prefill_staged.r64s4, 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
@@ -304,19 +313,19 @@ REGIONS_HINTED = (
     {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (449, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (None, 557)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (226, 495), 'num_seqs': (5, 19), 'total_seq_len': (None, 724)}, 'workloads': 3, 'speedup': (1.11, 2.22, 3.62), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 901), 'num_seqs': (11, 19), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 1021), 'num_seqs': (None, 11), 'total_seq_len': (None, 1704)}, 'workloads': 7, 'speedup': (1.32, 1.72, 1.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1021, 1491), 'num_seqs': (None, 11), 'total_seq_len': (None, 1704)}, 'workloads': 2, 'speedup': (1.21, 1.3, 1.4), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
-    {'region': 9, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (11, 19), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.11, 1.12, 1.13), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (30, 45), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 6, 'speedup': (1.06, 1.12, 1.16), 'fallbacks': ()},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 856), 'mean_seq_len': (45, None), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.06, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (856, None), 'mean_seq_len': (45, None), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, 2712), 'mean_seq_len': (362, None), 'num_seqs': (2, 7), 'total_seq_len': (None, 5258)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 1021), 'num_seqs': (None, 11), 'total_seq_len': (None, 1704)}, 'workloads': 7, 'speedup': (1.32, 1.72, 1.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1021, 1380), 'num_seqs': (None, 11), 'total_seq_len': (None, 1704)}, 'workloads': 2, 'speedup': (1.21, 1.3, 1.4), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (11, 19), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.11, 1.12, 1.13), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (30, 45), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 6, 'speedup': (1.06, 1.12, 1.16), 'fallbacks': ()},
+    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 856), 'mean_seq_len': (45, None), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.06, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (856, None), 'mean_seq_len': (45, None), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
+    {'region': 13, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1380, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 3547)}, 'workloads': 3, 'speedup': (1.08, 1.21, 1.3), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1380, 2712), 'mean_seq_len': (362, None), 'num_seqs': (2, 7), 'total_seq_len': (None, 5258)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
     {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2712, None), 'mean_seq_len': (362, None), 'num_seqs': (2, 11), 'total_seq_len': (None, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1491, 2712), 'mean_seq_len': (362, None), 'num_seqs': (7, 11), 'total_seq_len': (None, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1380, 2712), 'mean_seq_len': (362, None), 'num_seqs': (7, 11), 'total_seq_len': (None, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
     {'region': 17, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 6), 'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (7.66, 8.0, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
     {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (6, None), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (6.86, 6.86, 6.86), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (None, 362), 'num_seqs': (2, 11)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1380, None), 'mean_seq_len': (None, 362), 'num_seqs': (2, 11)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
     {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 6), 'num_seqs': (3, 19)}, 'workloads': 2, 'speedup': (1.34, 1.5, 1.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 226), 'num_seqs': (5, 19)}, 'workloads': 17, 'speedup': (1.05, 2.02, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (6, None), 'num_seqs': (5, 19)}, 'workloads': 5, 'speedup': (1.16, 1.78, 7.05), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
@@ -326,32 +335,31 @@ REGIONS_HINTED = (
     {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 2), 'num_seqs': (44, None)}, 'workloads': 5, 'speedup': (1.61, 1.66, 1.76), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 449), 'mean_seq_len': (None, 2), 'num_seqs': (44, None)}, 'workloads': 2, 'speedup': (1.35, 1.43, 1.51), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
     {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (10, 21), 'mean_seq_len': (None, 6), 'num_seqs': (None, 19), 'total_seq_len': (45, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 136), 'num_seqs': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (3.05, 3.57, 4.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 30, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (136, 495), 'num_seqs': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 8, 'speedup': (2.15, 2.61, 3.12), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (449, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (557, 2896)}, 'workloads': 4, 'speedup': (1.05, 1.21, 1.5), 'fallbacks': ()},
-    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (226, 495), 'num_seqs': (5, 19), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (2.81, 3.47, 4.28), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 901), 'num_seqs': (11, 19), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 34, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 1491), 'num_seqs': (None, 11), 'total_seq_len': (1704, 2896)}, 'workloads': 3, 'speedup': (1.78, 2.14, 2.7), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 2), 'total_seq_len': (2896, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
-    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 1491), 'num_seqs': (None, 11), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (11, 19), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (439, 550), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (550, None), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 41, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (449, 639), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (639, 1491), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 43, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 44, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 5420), 'mean_seq_len': (30, 45), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.13, 1.14, 1.14), 'fallbacks': (), 'hand_back': True},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'mean_seq_len': (30, None), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 5420), 'mean_seq_len': (45, None), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 47, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1491, 2712), 'mean_seq_len': (362, None), 'num_seqs': (3, 11), 'total_seq_len': (5258, 11165)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (362, None), 'num_seqs': (2, 3), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
-    {'region': 49, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2712, 3947), 'mean_seq_len': (362, None), 'num_seqs': (3, 11), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.44, 1.44, 1.44), 'fallbacks': (), 'hand_back': True},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3947, None), 'mean_seq_len': (362, None), 'num_seqs': (3, 11), 'total_seq_len': (5258, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (495, 639), 'num_seqs': (11, 19), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
-    {'region': 52, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 901), 'num_seqs': (11, 19), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
-    {'region': 54, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 2712), 'mean_seq_len': (362, None), 'num_seqs': (3, 11), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (21, 495), 'num_seqs': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 12, 'speedup': (2.15, 2.85, 3.69), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (449, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (557, 2896)}, 'workloads': 4, 'speedup': (1.05, 1.21, 1.5), 'fallbacks': ()},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (226, 495), 'num_seqs': (5, 19), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (2.81, 3.47, 4.28), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 901), 'num_seqs': (11, 19), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 33, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 1380), 'num_seqs': (None, 11), 'total_seq_len': (1704, 2896)}, 'workloads': 3, 'speedup': (1.78, 2.14, 2.7), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 1380), 'num_seqs': (None, 11), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ()},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (11, 19), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (439, 550), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (550, None), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 39, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (449, 639), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (639, 1380), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 41, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1380, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 42, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 5420), 'mean_seq_len': (30, 45), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.13, 1.14, 1.14), 'fallbacks': (), 'hand_back': True},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'mean_seq_len': (30, None), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 5420), 'mean_seq_len': (45, None), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1380, None), 'num_seqs': (None, 2), 'total_seq_len': (3547, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 46, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1380, 2712), 'mean_seq_len': (362, None), 'num_seqs': (3, 11), 'total_seq_len': (5258, 11165)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1380, None), 'mean_seq_len': (362, None), 'num_seqs': (2, 3), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
+    {'region': 48, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2712, 3947), 'mean_seq_len': (362, None), 'num_seqs': (3, 11), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.44, 1.44, 1.44), 'fallbacks': (), 'hand_back': True},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3947, None), 'mean_seq_len': (362, None), 'num_seqs': (3, 11), 'total_seq_len': (5258, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (495, 639), 'num_seqs': (11, 19), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
+    {'region': 51, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 901), 'num_seqs': (11, 19), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1380, 2712), 'mean_seq_len': (362, None), 'num_seqs': (3, 11), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -369,22 +377,22 @@ REGIONS_HINTED_EAGER = (
     {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (56, 222), 'num_seqs': (None, 17), 'total_seq_len': (181, 362)}, 'workloads': 4, 'speedup': (6.44, 7.7, 8.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 54), 'num_seqs': (17, None), 'total_seq_len': (181, 557)}, 'workloads': 10, 'speedup': (2.07, 3.37, 5.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct')},
     {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (54, None), 'num_seqs': (17, None), 'total_seq_len': (181, 557)}, 'workloads': 4, 'speedup': (1.29, 2.31, 3.13), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (222, 236), 'num_seqs': (None, 17), 'total_seq_len': (181, 657)}, 'workloads': 5, 'speedup': (3.11, 4.02, 4.91), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (236, None), 'num_seqs': (None, 17), 'total_seq_len': (181, 657)}, 'workloads': 5, 'speedup': (3.07, 5.16, 7.44), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'num_seqs': (None, 17), 'total_seq_len': (181, 4048)}, 'workloads': 5, 'speedup': (4.34, 4.95, 5.73), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (56, 222), 'num_seqs': (None, 17), 'total_seq_len': (362, 4048)}, 'workloads': 9, 'speedup': (2.42, 4.28, 9.54), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 90), 'num_seqs': (17, 45), 'total_seq_len': (557, 4048)}, 'workloads': 2, 'speedup': (2.62, 3.17, 3.83), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (17, 45), 'total_seq_len': (557, 4048)}, 'workloads': 4, 'speedup': (1.44, 1.76, 1.94), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 23), 'num_seqs': (45, None), 'total_seq_len': (557, 4048)}, 'workloads': 4, 'speedup': (2.37, 2.56, 3.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (23, None), 'num_seqs': (45, None), 'total_seq_len': (557, 4048)}, 'workloads': 9, 'speedup': (1.77, 2.03, 2.3), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (222, None), 'num_seqs': (None, 1), 'total_seq_len': (657, 4048)}, 'workloads': 1, 'speedup': (4.69, 4.69, 4.69), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (222, None), 'num_seqs': (1, 17), 'total_seq_len': (657, 4048)}, 'workloads': 20, 'speedup': (2.31, 4.07, 6.83), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (11, 30), 'total_seq_len': (4048, 10278)}, 'workloads': 2, 'speedup': (1.57, 1.7, 1.85), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (4093, 7152), 'num_seqs': (2, 5), 'total_seq_len': (4048, 11165)}, 'workloads': 1, 'speedup': (1.79, 1.79, 1.79), 'fallbacks': (), 'hand_back': True},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (30, None), 'total_seq_len': (4048, 19714)}, 'workloads': 7, 'speedup': (1.41, 1.86, 2.38), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 28, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 2), 'total_seq_len': (4048, None)}, 'workloads': 1, 'speedup': (1.87, 1.87, 1.87), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (5792, None), 'num_seqs': (None, 2), 'total_seq_len': (4048, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
-    {'region': 30, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (None, 5), 'total_seq_len': (4048, None)}, 'workloads': 2, 'speedup': (3.1, 3.15, 3.2), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (222, None), 'mean_seq_len': (None, 636), 'num_seqs': (None, 17), 'total_seq_len': (181, 4048)}, 'workloads': 29, 'speedup': (2.31, 4.18, 7.44), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'num_seqs': (None, 17), 'total_seq_len': (181, 4048)}, 'workloads': 5, 'speedup': (4.34, 4.95, 5.73), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (222, 1773), 'mean_seq_len': (636, None), 'num_seqs': (None, 17), 'total_seq_len': (181, 4048)}, 'workloads': 3, 'speedup': (3.04, 4.16, 4.91), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_direct')},
+    {'region': 18, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1773, None), 'mean_seq_len': (636, None), 'num_seqs': (None, 17), 'total_seq_len': (181, 4048)}, 'workloads': 2, 'speedup': (2.44, 2.53, 2.61), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (56, 222), 'num_seqs': (None, 17), 'total_seq_len': (362, 4048)}, 'workloads': 9, 'speedup': (2.42, 4.28, 9.54), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 90), 'num_seqs': (17, 45), 'total_seq_len': (557, 4048)}, 'workloads': 2, 'speedup': (2.62, 3.17, 3.83), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (17, 45), 'total_seq_len': (557, 4048)}, 'workloads': 4, 'speedup': (1.44, 1.76, 1.94), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 23), 'num_seqs': (45, None), 'total_seq_len': (557, 4048)}, 'workloads': 4, 'speedup': (2.37, 2.56, 3.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (23, None), 'num_seqs': (45, None), 'total_seq_len': (557, 4048)}, 'workloads': 9, 'speedup': (1.77, 2.03, 2.3), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (11, 30), 'total_seq_len': (4048, 10278)}, 'workloads': 2, 'speedup': (1.57, 1.7, 1.85), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (4093, 7152), 'num_seqs': (2, 5), 'total_seq_len': (4048, 11165)}, 'workloads': 1, 'speedup': (1.79, 1.79, 1.79), 'fallbacks': (), 'hand_back': True},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (30, None), 'total_seq_len': (4048, 19714)}, 'workloads': 7, 'speedup': (1.41, 1.86, 2.38), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (5792, None), 'num_seqs': (None, 1), 'total_seq_len': (4048, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 28, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 2), 'total_seq_len': (4048, None)}, 'workloads': 1, 'speedup': (1.87, 1.87, 1.87), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16')},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (None, 5), 'total_seq_len': (4048, None)}, 'workloads': 2, 'speedup': (3.1, 3.15, 3.2), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 30, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (5792, None), 'num_seqs': (1, 2), 'total_seq_len': (4048, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p16',)},
     {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7152, 16372), 'num_seqs': (2, 11), 'total_seq_len': (4048, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'num_seqs': (2, 45), 'total_seq_len': (4048, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1448), 'num_seqs': (5, 11), 'total_seq_len': (4048, None)}, 'workloads': 1, 'speedup': (2.63, 2.63, 2.63), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
@@ -422,30 +430,30 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
     # region 7: 7 workloads, 1.72x (1.32x .. 1.98x) over vllm_flashinfer_prefill
     if total_seq_len <= 1704 and num_seqs <= 11 and 495 < max_seq_len <= 1021:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
     # region 8: 2 workloads, 1.30x (1.21x .. 1.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1704 and num_seqs <= 11 and 1021 < max_seq_len <= 1491:
+    if total_seq_len <= 1704 and num_seqs <= 11 and 1021 < max_seq_len <= 1380:
         return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p4'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 2896 and num_seqs <= 2 and max_seq_len > 1491:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
-    # region 10: 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill
+    # region 9: 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and 11 < num_seqs <= 19 and max_seq_len > 901:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 11: 6 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
+    # region 10: 6 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs > 19 and 30 < mean_seq_len <= 45:
         return 'cuda_prefill_staged.r64s4'
-    # region 12: 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill
+    # region 11: 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len <= 856:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 13: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+    # region 12: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len > 856:
         return 'cuda_prefill_staged.r64s4'
+    # region 13: 3 workloads, 1.21x (1.08x .. 1.30x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3547 and num_seqs <= 2 and max_seq_len > 1380:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
     # region 14: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 5258 and 2 < num_seqs <= 7 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:
+    if total_seq_len <= 5258 and 2 < num_seqs <= 7 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 5258 and 7 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:
+    if total_seq_len <= 5258 and 7 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712:
         return 'cuda_prefill_staged.r32s4'
     # region 17: 4 workloads, 8.00x (7.66x .. 8.73x) over vllm_flashinfer_prefill
     if num_seqs <= 3 and mean_seq_len <= 6 and max_seq_len <= 10:
@@ -454,7 +462,7 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 21:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
     # region 19: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
-    if 2 < num_seqs <= 11 and mean_seq_len <= 362 and max_seq_len > 1491:
+    if 2 < num_seqs <= 11 and mean_seq_len <= 362 and max_seq_len > 1380:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
     # region 20: 2 workloads, 1.50x (1.34x .. 1.68x) over vllm_flashinfer_prefill
     if 3 < num_seqs <= 19 and mean_seq_len <= 6 and max_seq_len <= 10:
@@ -483,80 +491,77 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 28: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
     if total_seq_len > 45 and num_seqs <= 19 and mean_seq_len <= 6 and 10 < max_seq_len <= 21:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 29: 4 workloads, 3.57x (3.05x .. 4.17x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 5 and 21 < max_seq_len <= 136:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_direct'
-    # region 30: 8 workloads, 2.61x (2.15x .. 3.12x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 5 and 136 < max_seq_len <= 495:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 31: 4 workloads, 1.21x (1.05x .. 1.50x) over vllm_flashinfer_prefill
+    # region 29: 12 workloads, 2.85x (2.15x .. 3.69x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 5 and 21 < max_seq_len <= 495:
+        return ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 30: 4 workloads, 1.21x (1.05x .. 1.50x) over vllm_flashinfer_prefill
     if 557 < total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 449:
         return 'cuda_prefill_staged.r64s4'
-    # region 32: 2 workloads, 3.47x (2.81x .. 4.28x) over vllm_flashinfer_prefill
+    # region 31: 2 workloads, 3.47x (2.81x .. 4.28x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and 5 < num_seqs <= 19 and 226 < max_seq_len <= 495:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 33: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    # region 32: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
     if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901:
         return 'flashinfer_direct'
-    # region 34: 3 workloads, 2.14x (1.78x .. 2.70x) over vllm_flashinfer_prefill
-    if 1704 < total_seq_len <= 2896 and num_seqs <= 11 and 495 < max_seq_len <= 1491:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    # region 33: 3 workloads, 2.14x (1.78x .. 2.70x) over vllm_flashinfer_prefill
+    if 1704 < total_seq_len <= 2896 and num_seqs <= 11 and 495 < max_seq_len <= 1380:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
     if 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 36: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs <= 2 and max_seq_len > 1491:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs <= 11 and 495 < max_seq_len <= 1491:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 35: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs <= 11 and 495 < max_seq_len <= 1380:
+        return 'flashinfer_direct'
+    # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 11 < num_seqs <= 19 and max_seq_len > 901:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 0 workloads, by estimated times (no measured workload in it)
+    # region 37: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and 439 < max_seq_len <= 550:
         return 'flashinfer_direct'
-    # region 40: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len > 550:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
+    # region 39: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 639:
         return 'cuda_prefill_staged.r64s4'
-    # region 43: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 1491:
+    # region 41: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 1380:
         return 'cuda_prefill_staged.r64s4'
-    # region 44: 2 workloads, 1.14x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call
+    # region 42: 2 workloads, 1.14x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 2896 and num_seqs > 39 and 30 < mean_seq_len <= 45 and max_seq_len <= 5420:
         return 'cuda_prefill_staged.r64s4'
-    # region 45: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 30 and max_seq_len > 5420:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 44: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 45 and max_seq_len <= 5420:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill's guarded call
-    if 5258 < total_seq_len <= 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:
+    # region 45: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3547 and num_seqs <= 2 and max_seq_len > 1380:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'vllm_flashinfer_prefill'
+    # region 46: 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill's guarded call
+    if 5258 < total_seq_len <= 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712:
         return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 48: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5258 and 2 < num_seqs <= 3 and mean_seq_len > 362 and max_seq_len > 1491:
+    # region 47: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5258 and 2 < num_seqs <= 3 and mean_seq_len > 362 and max_seq_len > 1380:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 49: 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill's guarded call
+    # region 48: 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 2712 < max_seq_len <= 3947:
         return 'cuda_prefill_staged.r32s4'
-    # region 50: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 49: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and max_seq_len > 3947:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 51: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 50: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 639:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 52: 0 workloads, by estimated times (no measured workload in it)
+    # region 51: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 5792 and 11 < num_seqs <= 19 and 639 < max_seq_len <= 901:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 53: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 52: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 54: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:
+    # region 53: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill.cp_off'
     return 'vllm_flashinfer_prefill'
 
@@ -606,54 +611,54 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 14: 4 workloads, 2.31x (1.29x .. 3.13x) over vllm_flashinfer_prefill
     if 181 < total_seq_len <= 557 and num_seqs > 17 and max_seq_len > 54:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 5 workloads, 4.02x (3.11x .. 4.91x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 657 and num_seqs <= 17 and 222 < max_seq_len <= 236:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 16: 5 workloads, 5.16x (3.07x .. 7.44x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 657 and num_seqs <= 17 and max_seq_len > 236:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 17: 5 workloads, 4.95x (4.34x .. 5.73x) over vllm_flashinfer_prefill
+    # region 15: 29 workloads, 4.18x (2.31x .. 7.44x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 4048 and num_seqs <= 17 and mean_seq_len <= 636 and max_seq_len > 222:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 16: 5 workloads, 4.95x (4.34x .. 5.73x) over vllm_flashinfer_prefill
     if 181 < total_seq_len <= 4048 and num_seqs <= 17 and max_seq_len <= 56:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 9 workloads, 4.28x (2.42x .. 9.54x) over vllm_flashinfer_prefill
+    # region 17: 3 workloads, 4.16x (3.04x .. 4.91x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 4048 and num_seqs <= 17 and mean_seq_len > 636 and 222 < max_seq_len <= 1773:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 18: 2 workloads, 2.53x (2.44x .. 2.61x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 4048 and num_seqs <= 17 and mean_seq_len > 636 and max_seq_len > 1773:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
+    # region 19: 9 workloads, 4.28x (2.42x .. 9.54x) over vllm_flashinfer_prefill
     if 362 < total_seq_len <= 4048 and num_seqs <= 17 and 56 < max_seq_len <= 222:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 19: 2 workloads, 3.17x (2.62x .. 3.83x) over vllm_flashinfer_prefill
+    # region 20: 2 workloads, 3.17x (2.62x .. 3.83x) over vllm_flashinfer_prefill
     if 557 < total_seq_len <= 4048 and 17 < num_seqs <= 45 and max_seq_len <= 90:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 20: 4 workloads, 1.76x (1.44x .. 1.94x) over vllm_flashinfer_prefill
+    # region 21: 4 workloads, 1.76x (1.44x .. 1.94x) over vllm_flashinfer_prefill
     if 557 < total_seq_len <= 4048 and 17 < num_seqs <= 45 and max_seq_len > 90:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 4 workloads, 2.56x (2.37x .. 3.00x) over vllm_flashinfer_prefill
+    # region 22: 4 workloads, 2.56x (2.37x .. 3.00x) over vllm_flashinfer_prefill
     if 557 < total_seq_len <= 4048 and num_seqs > 45 and max_seq_len <= 23:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 9 workloads, 2.03x (1.77x .. 2.30x) over vllm_flashinfer_prefill
+    # region 23: 9 workloads, 2.03x (1.77x .. 2.30x) over vllm_flashinfer_prefill
     if 557 < total_seq_len <= 4048 and num_seqs > 45 and max_seq_len > 23:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill
-    if 657 < total_seq_len <= 4048 and num_seqs <= 1 and max_seq_len > 222:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p4'
-    # region 24: 20 workloads, 4.07x (2.31x .. 6.83x) over vllm_flashinfer_prefill
-    if 657 < total_seq_len <= 4048 and 1 < num_seqs <= 17 and max_seq_len > 222:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 25: 2 workloads, 1.70x (1.57x .. 1.85x) over vllm_flashinfer_prefill
+    # region 24: 2 workloads, 1.70x (1.57x .. 1.85x) over vllm_flashinfer_prefill
     if 4048 < total_seq_len <= 10278 and 11 < num_seqs <= 30 and max_seq_len <= 4093:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 1 workloads, 1.79x (1.79x .. 1.79x) over vllm_flashinfer_prefill's guarded call
+    # region 25: 1 workloads, 1.79x (1.79x .. 1.79x) over vllm_flashinfer_prefill's guarded call
     if 4048 < total_seq_len <= 11165 and 2 < num_seqs <= 5 and 4093 < max_seq_len <= 7152:
         return 'cuda_prefill_staged.r32s4'
-    # region 27: 7 workloads, 1.86x (1.41x .. 2.38x) over vllm_flashinfer_prefill
+    # region 26: 7 workloads, 1.86x (1.41x .. 2.38x) over vllm_flashinfer_prefill
     if 4048 < total_seq_len <= 19714 and num_seqs > 30 and max_seq_len <= 4093:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 27: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4048 and num_seqs <= 1 and mean_seq_len > 5792 and max_seq_len > 4093:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'vllm_flashinfer_prefill'
     # region 28: 1 workloads, 1.87x (1.87x .. 1.87x) over vllm_flashinfer_prefill
     if total_seq_len > 4048 and num_seqs <= 2 and mean_seq_len <= 5792 and max_seq_len > 4093:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
-    # region 29: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4048 and num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 4093:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 2 workloads, 3.15x (3.10x .. 3.20x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p4'
+    # region 29: 2 workloads, 3.15x (3.10x .. 3.20x) over vllm_flashinfer_prefill
     if total_seq_len > 4048 and num_seqs <= 5 and max_seq_len <= 4093:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 4048 and 1 < num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 4093:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
     # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 4048 and 2 < num_seqs <= 11 and 7152 < max_seq_len <= 16372:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
@@ -683,21 +688,21 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 5258 and 7 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:  # region 16
+    if total_seq_len <= 5258 and 7 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712:  # region 16
         return True
-    if total_seq_len > 2896 and num_seqs > 39 and 30 < mean_seq_len <= 45 and max_seq_len <= 5420:  # region 44
+    if total_seq_len > 2896 and num_seqs > 39 and 30 < mean_seq_len <= 45 and max_seq_len <= 5420:  # region 42
         return True
-    if 5258 < total_seq_len <= 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:  # region 47
+    if 5258 < total_seq_len <= 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712:  # region 46
         return True
-    if total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 2712 < max_seq_len <= 3947:  # region 49
+    if total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 2712 < max_seq_len <= 3947:  # region 48
         return True
-    if total_seq_len > 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:  # region 54
+    if total_seq_len > 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712:  # region 53
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 4048 < total_seq_len <= 11165 and 2 < num_seqs <= 5 and 4093 < max_seq_len <= 7152:  # region 26
+    if 4048 < total_seq_len <= 11165 and 2 < num_seqs <= 5 and 4093 < max_seq_len <= 7152:  # region 25
         return True
     return False
