@@ -172,14 +172,17 @@ def measure(family: str, hv: int, shape, l2: int, device, fns: dict, profile: bo
             methods = {w: m for w, m in methods.items() if w != who}
     if len(methods) == 2:
         reps = max(60, 2 * len(sets))
-        for who, us in _eager_interleaved({w: (lambda m: lambda c: m(c))(m) for w, m in methods.items()},
-                                          [((c,), {}) for c in sets], device, reps).items():
-            row[f"{who}_eager_us" if who != "speedup" else "speedup_eager_quartiles"] = us
+        stats = plugin.STATS if family == "decode" else plugin.PREFILL_STATS
+        phases = {"eager": sets}
         if family != "decode":  # every call a new token count, as engines prefill
-            fresh = [trimmed_prefill(sets[i % len(sets)], 1 + i) for i in range(reps)]
+            phases["eager_new"] = [trimmed_prefill(sets[i % len(sets)], 1 + i) for i in range(reps)]
+        for phase, calls in phases.items():
+            before = dict(stats)
             for who, us in _eager_interleaved({w: (lambda m: lambda c: m(c))(m) for w, m in methods.items()},
-                                              [((c,), {}) for c in fresh], device, reps).items():
-                row[f"{who}_eager_new_us" if who != "speedup" else "speedup_eager_new_quartiles"] = us
+                                              [((c,), {}) for c in calls], device, reps).items():
+                row[f"{who}_{phase}_us" if who != "speedup" else f"speedup_{phase}_quartiles"] = us
+            # the plugin's calls of the phase: served by kdispatch, or handed to vLLM's function
+            row[f"kdispatch_{phase}_calls"] = {k: stats[k] - before[k] for k in ("served", "passed")}
     if len(results) == 2:
         (o1, s1), (o2, s2) = results["vllm"], results["kdispatch"]
         row["max_abs_out_diff"] = float((o1.float() - o2.float()).abs().max())

@@ -133,14 +133,18 @@ def main() -> None:
                                  f"{opts.rounds * len(parts) + 3 * PROFILED} calls timed and profiled")
             timed_sets = [[marker, new_count(sets[i % len(sets)], next(fresh_counts))]
                           for i in range(opts.rounds * len(parts))]
+        before = dict(plugin.PREFILL_STATS)
         times = timing.eager_rounds_us(parts, timed_sets, opts.rounds)
+        # the timed plugin calls and its checks-only calls, each served by kdispatch or passed to vLLM
+        swapped = {k: plugin.PREFILL_STATS[k] - before[k] for k in ("served", "passed")}
         row = {"value_heads": hv, "num_seqs": seqs, "total_seq_len": total, "eager_choice": choice,
-               "new_counts": opts.new_counts,
+               "new_counts": opts.new_counts, "plugin_calls": swapped,
                "us": {n: [round(statistics.median(x), 2), round(timing.percentile(x, 0.1), 2),
                           round(timing.percentile(x, 0.9), 2)] for n, x in times.items()}}
         report["rows"].append(row)
         us = {n: m for n, (m, _, _) in row["us"].items()}
-        print(f"\n{hv} value heads, {seqs} x {total // seqs} tokens: eager choice {choice}")
+        print(f"\n{hv} value heads, {seqs} x {total // seqs} tokens: eager choice {choice}; swapped calls "
+              f"(plugin and its checks) served {swapped['served']}, passed to vLLM {swapped['passed']}")
         for n, (m, lo, hi) in row["us"].items():
             print(f"  {n:44s} {m:9.1f}  ({lo:.1f} .. {hi:.1f})")
         print(f"  plugin - op {us['plugin'] - us['op']:+.1f}, op - {choice} (direct) "
