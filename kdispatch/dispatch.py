@@ -312,7 +312,7 @@ class Dispatcher:
         cache = e.hinted[mode]
         if len(cache) >= MAX_HINTED_PER_ENTRY:
             cache.clear()
-        hit = cache[values] = self._decision(e.arch, self._hinted_features(e, values), mode, e.strided)
+        hit = cache[values] = self.decision(e.arch, self._hinted_features(e, values), mode, e.strided)
         return hit
 
     def _hinted_failed(self, e: _Entry, v, values: tuple, exc: Exception, args):
@@ -406,7 +406,7 @@ class Dispatcher:
         """A one-off entry: the choice for these shape features in `mode`."""
         arch = _arch.arch_of(self._tensors(args)[0].device)
         strided = self.checker.is_strided(args)
-        v, back = self._decision(arch, axes, mode, strided)
+        v, back = self.decision(arch, axes, mode, strided)
         return _Entry(_never, v, v, tuple(axes.items()), arch, strided, (back, back))
 
     def _cached_signature(self, args) -> _Entry:
@@ -619,34 +619,37 @@ class Dispatcher:
         the engine's own kernel in `mode`: the baseline serves it, or its region is handed back?
         `strided`: the call will pass strided views (a region's strided-capable variant may serve
         them where the baseline would serve contiguous ones). Asked before every plugin call."""
-        return self._decision(arch, axes, mode, strided)[1]
+        return self.decision(arch, axes, mode, strided)[1]
 
-    def serve_decided(self, arch: str, features: dict, strided: bool, args):
+    def serve_decided(self, arch: str, features: dict, strided: bool, args, variant: registry.Variant | None = None):
         """An engine plugin's call that its own checks found covered (every tensor's layout, the
-        counts across them) and that `gives_back` has just decided with these features (the
-        definition's variable axes, and its hints where the engine knows them): served by that
-        decision's variant, with no signature look-up, validation or entry, which for a prefill of
-        a new token count were most of the op's host time. BaselineChosen where the engine's kernel
-        should serve it; a variant that raises is marked failed for these features and the next
-        choice serves. The checked mode (KDISPATCH_CHECK) and torch.compile's tracing call the op
-        as any caller does."""
+        counts across them) and that `gives_back` (or `decision`, whose variant is `variant`) has
+        just decided with these features (the definition's variable axes, and its hints where the
+        engine knows them): served by that decision's variant, with no signature look-up,
+        validation or entry, which for a prefill of a new token count were most of the op's host
+        time. BaselineChosen where the engine's kernel should serve it; a variant that raises is
+        marked failed for these features and the next choice serves. The checked mode
+        (KDISPATCH_CHECK) and torch.compile's tracing call the op as any caller does."""
         if self.checked or _is_compiling():
             return self(*args, **{h: features[h] for h in self.hints if h in features})
         if self._per_call is not None:
             self._per_call(args)
-        v, back = self._decision(arch, features, "graph" if capturing() else "eager", strided)
-        if back:
-            raise BaselineChosen(self.short)
+        v = variant
+        if v is None:
+            v, back = self.decision(arch, features, "graph" if capturing() else "eager", strided)
+            if back:
+                raise BaselineChosen(self.short)
         try:
             return v.fn(*args)
         except Exception as exc:
             self._features_failed(v, arch, features, exc)
             return self.serve_decided(arch, features, strided, args)
 
-    def _decision(self, arch: str, features: dict, mode: str, strided: bool) -> tuple:
-        """(variant, whether plugins get the call back) for these shape features, remembered per
-        features and forgotten with the dispatcher's decisions: the router and the fallback chain
-        cost more than the rest of a handed-back call."""
+    def decision(self, arch: str, features: dict, mode: str, strided: bool) -> tuple:
+        """(variant, whether plugins get the call back) for these shape features in `mode`
+        (`gives_back`'s answer and the variant `serve_decided` then runs), remembered per features and
+        forgotten with the dispatcher's decisions: the router and the fallback chain cost more than
+        the rest of a handed-back call."""
         key = (arch, mode, strided, *features.items())
         hit = self._decisions.get(key)
         if hit is None:

@@ -411,8 +411,8 @@ def test_a_hinted_call_whose_variant_raises_goes_to_the_next_in_its_chain():
 
 
 def test_a_plugins_decided_call_is_served_without_validation_and_falls_down_its_chain(monkeypatch):
-    """`serve_decided`: the variant `gives_back` decided serves the plugin's call with no signature
-    validated or kept (a new token count costs no more than a repeated one); one that raises is
+    """`serve_decided`: the variant `gives_back` (or `decision`, passing it on) decided serves the
+    plugin's call with no signature validated or kept (a new token count costs no more than a repeated one); one that raises is
     marked failed for those features and the next choice serves; a region handed back raises
     BaselineChosen; the checked mode validates as any call does."""
     registry.discover()
@@ -444,6 +444,11 @@ def test_a_plugins_decided_call_is_served_without_validation_and_falls_down_its_
         assert served[3:] == [8, 8], "the chain's next variant serves the features its first raised on"
         with pytest.raises(kdispatch.dispatch.BaselineChosen):
             d.serve_decided("cpu", {**plain, "total_seq_len": 500}, False, args)
+        decided, back = d.decision("cpu", plain, "eager", False)
+        assert decided.name == "fake_ok" and not back
+        monkeypatch.setattr(d, "decision", lambda *a: pytest.fail("a call the plugin decided was routed again"))
+        d.serve_decided("cpu", plain, False, args, decided)
+        assert served[5:] == [8], "the variant the plugin's decision named serves"
         monkeypatch.undo()
         monkeypatch.setenv("KDISPATCH_CHECK", "1")
         d.reload_switches()

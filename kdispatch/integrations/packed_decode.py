@@ -42,7 +42,7 @@ def _layout_not_covered(mixed_qkv, a, b, pool, slots, num_v_heads: int, head_v_d
 
 
 def axes(batch_size: int, pool) -> dict:
-    """The gdn_decode_packed definitions' variable axes of a call (for `serving.gives_back`)."""
+    """The gdn_decode_packed definitions' variable axes of a call (for `serving.decision`)."""
     return {"batch_size": batch_size, "num_slots": pool.shape[0]}
 
 

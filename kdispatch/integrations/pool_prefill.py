@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from kdispatch.integrations import serving
+from kdispatch.ops import prefill_scale
 from kdispatch.integrations.packed_decode import DIM, HEADS
 
 _batch: dict = {"lengths": None}  # (sequences, longest sequence) of the batch the engine runs, from its metadata
@@ -59,7 +60,7 @@ def _layout_not_covered(q, k, v, g, beta, pool, slots, cu_seqlens, pool_dtypes) 
 def axes(total_seq_len: int, num_seqs: int, pool=None, max_seq_len: int | None = None) -> dict:
     """The prefill definitions' variable axes of a call (the pool's slots for gdn_prefill_pool; no
     pool: gdn_prefill_gathered), and its longest sequence where the engine told it (for
-    `serving.gives_back`)."""
+    `serving.decision`)."""
     out = {"total_seq_len": total_seq_len, "num_seqs": num_seqs, "len_cu_seqlens": num_seqs + 1}
     if pool is not None:
         out["num_slots"] = pool.shape[0]
@@ -78,19 +79,17 @@ def batch_longest(num_seqs: int) -> int | None:
     return lengths[1] if lengths is not None and lengths[0] == num_seqs else None
 
 
-def serve(short, features, strided, q, k, v, g, beta, pool, slots, has_initial_state, cu_seqlens, out,
+def serve(short, features, strided, variant, q, k, v, g, beta, pool, slots, has_initial_state, cu_seqlens, out,
           scale=None) -> None:
-    """gdn_prefill_pool's `short` on a call `not_covered` passed, as `serving.given_back` decided it
-    with `features` (`axes`) and `strided` (`serving.serve_decided`)."""
-    import kdispatch.ops
-
+    """gdn_prefill_pool's `short` on a call `not_covered` passed, by the `variant` that
+    `serving.decision` named for `features` (`axes`) and `strided` (`serving.serve_decided`)."""
     serving.serve_decided(short, v.device, features, strided, (q, k, v, g, beta, pool, slots, has_initial_state,
-                                                               cu_seqlens, out, kdispatch.ops.prefill_scale(scale)))
+                                                               cu_seqlens, out, prefill_scale(scale)), variant)
 
 
-def serve_gathered(short, features, strided, q, k, v, g, beta, states, cu_seqlens, out, scale=None) -> None:
+def serve_gathered(short, features, strided, variant, q, k, v, g, beta, states, cu_seqlens, out, scale=None) -> None:
     """gdn_prefill_gathered's `short`, as `serve`."""
-    import kdispatch.ops
-
     serving.serve_decided(short, v.device, features, strided, (q, k, v, g, beta, states, cu_seqlens, out,
-                                                               kdispatch.ops.prefill_scale(scale)))
+                                                               prefill_scale(scale)), variant)
+
+

@@ -52,19 +52,6 @@ def not_served(short: str, device) -> str | None:
     return _decided[key]
 
 
-def gives_back(short: str, device, axes: dict, strided: bool = False) -> bool:
-    """Would the router give a plugin call of `short` with these variable axes back to the engine
-    (its baseline's region, or one it hands back, in this call's mode)? Asked before the call's
-    arguments are built, so that such a call costs the engine a few microseconds of host time, not
-    the views, buffers and checks of a kdispatch call. `strided`: the call passes strided views
-    where the definition takes them (`strided_views`); with the same features the op's own decision
-    for the call is then this one, not routed again. A False here is no promise: `attempt` still
-    gives back whatever the dispatcher decides to."""
-    d = _dispatchers.get(short) or _dispatcher(short)
-    here = _archs.get(device) or _arch(device)
-    return d.gives_back(here, axes, "graph" if dispatch.capturing() else "eager", strided)
-
-
 def strided_views(*tensors) -> bool:
     """Is any of these (the inputs a definition takes as views) not contiguous?"""
     for t in tensors:
@@ -90,22 +77,38 @@ def _arch(device) -> str:
     return _archs.setdefault(device, arch.arch_of(device))
 
 
-def given_back(short: str, value_heads: int, device, axes, strided: bool = False) -> bool:
-    """`gives_back` for a call of a head count the GDN definitions cover, on a device where kdispatch
-    serves `short`, else False (the call's own checks then say why). `axes()`: the definition's
-    variable axes of the call, built only when asked; `strided`: `strided_views` of the call's
-    tensors the definition takes as views (its spec's `strided` inputs)."""
-    return (value_heads in HEADS and not_served(short, device) is None
-            and gives_back(short, device, axes(), strided))
-
-
-def serve_decided(short: str, device, axes: dict, strided: bool, args: tuple):
-    """The call `gives_back` / `given_back` has just decided with `axes` and `strided`, whose layout
-    and counts the plugin has checked (`layout_not_covered` and its own count comparisons), served
-    by the decision's variant (`Dispatcher.serve_decided`): what a prefill of a new token count
-    costs no more than a repeated one. `args`: the definition's inputs in order."""
+def decision(short: str, value_heads: int, device, axes, strided: bool = False) -> tuple | None:
+    """The router's decision for a plugin call of `short` (`Dispatcher.decision`, in this call's mode):
+    (variant, whether the engine's kernel gets the call back: its baseline's region, or one it hands
+    back), or None where kdispatch does not serve the call's head count or `short` on this device
+    (the call's own checks then say why). Asked before the call's arguments are built, so that a
+    call given back costs the engine a few microseconds of host time, not the views, buffers and
+    checks of a kdispatch call. `axes()`: the definition's variable axes of the call, built only
+    when asked; `strided`: `strided_views` of the call's tensors the definition takes as views (its
+    spec's `strided` inputs). A plugin that serves the call passes the variant on to
+    `serve_decided`, so the call is routed once."""
+    if value_heads not in HEADS or not_served(short, device) is not None:
+        return None
     d = _dispatchers.get(short) or _dispatcher(short)
-    return d.serve_decided(_archs.get(device) or _arch(device), axes, strided, args)
+    here = _archs.get(device) or _arch(device)
+    return d.decision(here, axes(), "graph" if dispatch.capturing() else "eager", strided)
+
+
+def given_back(short: str, value_heads: int, device, axes, strided: bool = False) -> bool:
+    """Does `decision` give the call back to the engine's kernel (False where kdispatch does not
+    serve it at all)?"""
+    decided = decision(short, value_heads, device, axes, strided)
+    return decided is not None and decided[1]
+
+
+def serve_decided(short: str, device, axes: dict, strided: bool, args: tuple, variant=None):
+    """The call `gives_back` / `decision` has just decided with `axes` and `strided` (`variant`: the
+    variant `decision` named), whose layout and counts the plugin has checked
+    (`layout_not_covered` and its own count comparisons), served by the decision's variant
+    (`Dispatcher.serve_decided`): what a prefill of a new token count costs no more than a
+    repeated one. `args`: the definition's inputs in order."""
+    d = _dispatchers.get(short) or _dispatcher(short)
+    return d.serve_decided(_archs.get(device) or _arch(device), axes, strided, args, variant)
 
 
 def layout_not_covered(key: tuple, tensors: tuple, check) -> str | None:

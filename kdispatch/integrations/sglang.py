@@ -126,7 +126,8 @@ def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, 
         short = serving.gdn_short("prefill_pool", v.shape[2])
         features = pool_prefill.axes(v.shape[1], n, ssm_states, pool_prefill.batch_longest(n))
         strided = serving.strided_views(q, k, v, ssm_states)
-        if serving.given_back(short, v.shape[2], v.device, lambda: features, strided):
+        decided = serving.decision(short, v.shape[2], v.device, lambda: features, strided)
+        if decided is not None and decided[1]:
             serving.passed(EXTEND_STATS, f"{short}: routed to the baseline for this shape")
             return engine()
         q0, k0, v0, g0, beta0, slots = q[0], k[0], v[0], g[0], beta[0], cache_indices[:n]  # a graph bucket may pass more slots
@@ -137,7 +138,7 @@ def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, 
 
     def ours():
         out = output if output is not None else v.new_empty(v.shape)
-        pool_prefill.serve(short, features, strided, q0, k0, v0, g0, beta0, ssm_states, slots,
+        pool_prefill.serve(short, features, strided, decided[0], q0, k0, v0, g0, beta0, ssm_states, slots,
                            all_true(n, slots.device), query_start_loc, out[0])
         return out, None, None
 

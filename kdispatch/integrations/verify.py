@@ -41,7 +41,7 @@ def _layout_not_covered(q, k, v, a, b, pool, slots, cu_seqlens, buffer, rows) ->
 
 
 def axes(total_seq_len: int, num_seqs: int, pool, buffer) -> dict:
-    """The gdn_verify definitions' variable axes of a call (for `serving.gives_back`)."""
+    """The gdn_verify definitions' variable axes of a call (for `serving.decision`)."""
     return {"total_seq_len": total_seq_len, "num_seqs": num_seqs, "len_cu_seqlens": num_seqs + 1,
             "num_slots": pool.shape[0], "num_cache_rows": buffer.shape[0], "cache_steps": buffer.shape[1]}
 

@@ -250,7 +250,8 @@ def _prefill_call(engine, q, k, v, g, beta, initial_state, output_final_state, c
         short = serving.gdn_short(PREFILL_KIND, hv)
         features = pool_prefill.axes(v.shape[1], n, max_seq_len=pool_prefill.batch_longest(n))
         strided = serving.strided_views(q, k, v)
-        if serving.given_back(short, hv, v.device, lambda: features, strided):
+        decided = serving.decision(short, hv, v.device, lambda: features, strided)
+        if decided is not None and decided[1]:
             why = f"{short}: routed to the baseline for this shape"
         else:
             q, k, v, g, beta = q[0], k[0], v[0], g[0], beta[0]
@@ -259,20 +260,21 @@ def _prefill_call(engine, q, k, v, g, beta, initial_state, output_final_state, c
     if why is not None:
         serving.passed(PREFILL_STATS, why)
         return engine()
-    return serving.attempt(PREFILL_STATS, short, v.device, lambda: _prefill(short, features, strided, q, k, v, g, beta, scale,
-                                                                            initial_state, cu_seqlens, core_attn_out),
+    return serving.attempt(PREFILL_STATS, short, v.device,
+                           lambda: _prefill(short, features, strided, decided[0], q, k, v, g, beta, scale, initial_state,
+                                            cu_seqlens, core_attn_out),
                            engine)
 
 
-def _prefill(short, features, strided, q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out):
-    """The gathered states' prefill on [T, ...] inputs, as `serving.given_back` decided it with
-    `features` and `strided`: (o [1, T, HV, V], final states fp32)."""
+def _prefill(short, features, strided, variant, q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out):
+    """The gathered states' prefill on [T, ...] inputs by the `variant` that `serving.decision` named
+    for `features` and `strided`: (o [1, T, HV, V], final states fp32)."""
     states = initial_state if initial_state.dtype == torch.float32 else initial_state.float()
     if core_attn_out is None:
         out = torch.empty(v.shape, dtype=torch.bfloat16, device=v.device)
     else:  # its leading elements, as fla fills it
         out = core_attn_out.reshape(-1)[:v.numel()].view(v.shape)
-    pool_prefill.serve_gathered(short, features, strided, q, k, v, g, beta, states, cu_seqlens, out, scale)
+    pool_prefill.serve_gathered(short, features, strided, variant, q, k, v, g, beta, states, cu_seqlens, out, scale)
     return out[None], states
 
 
