@@ -130,14 +130,15 @@ def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, 
         if decided is not None and decided[1]:
             serving.passed(EXTEND_STATS, f"{short}: routed to the baseline for this shape")
             return engine()
-        q0, k0, v0, g0, beta0, slots = q[0], k[0], v[0], g[0], beta[0], cache_indices[:n]  # a graph bucket may pass more slots
+        q0, k0, v0, g0, beta0 = q.squeeze(0), k.squeeze(0), v.squeeze(0), g.squeeze(0), beta.squeeze(0)
+        slots = cache_indices[:n]  # a graph bucket may pass more slots
         why = pool_prefill.not_covered(q0, k0, v0, g0, beta0, ssm_states, slots, query_start_loc)
     if why is not None:
         serving.passed(EXTEND_STATS, why)
         return engine()
 
     def ours():
-        out = output if output is not None else v.new_empty(v.shape)
+        out = output if output is not None else torch.empty_like(v, memory_format=torch.contiguous_format)
         pool_prefill.serve(short, features, strided, decided[0], q0, k0, v0, g0, beta0, ssm_states, slots,
                            all_true(n, slots.device), query_start_loc, out[0])
         return out, None, None

@@ -254,7 +254,7 @@ def _prefill_call(engine, q, k, v, g, beta, initial_state, output_final_state, c
         if decided is not None and decided[1]:
             why = f"{short}: routed to the baseline for this shape"
         else:
-            q, k, v, g, beta = q[0], k[0], v[0], g[0], beta[0]
+            q, k, v, g, beta = q.squeeze(0), k.squeeze(0), v.squeeze(0), g.squeeze(0), beta.squeeze(0)
             why = pool_prefill.not_covered(q, k, v, g, beta, initial_state, None, cu_seqlens, PREFILL_POOL_DTYPES,
                                            kind=PREFILL_KIND)
     if why is not None:
@@ -271,7 +271,7 @@ def _prefill(short, features, strided, variant, q, k, v, g, beta, scale, initial
     for `features` and `strided`: (o [1, T, HV, V], final states fp32)."""
     states = initial_state if initial_state.dtype == torch.float32 else initial_state.float()
     if core_attn_out is None:
-        out = torch.empty(v.shape, dtype=torch.bfloat16, device=v.device)
+        out = torch.empty_like(v, memory_format=torch.contiguous_format)  # v is bf16, as checked
     else:  # its leading elements, as fla fills it
         out = core_attn_out.reshape(-1)[:v.numel()].view(v.shape)
     pool_prefill.serve_gathered(short, features, strided, variant, q, k, v, g, beta, states, cu_seqlens, out, scale)
