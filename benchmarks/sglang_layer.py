@@ -145,6 +145,9 @@ def _kernel_class(module: str, name: str):
     return getattr(importlib.import_module(f"sglang.srt.layers.attention.linear.kernels.{module}"), name)
 
 
+_UNHOOKED_SAID: list = []  # `_hook_all` names the targets it could not hook once a run
+
+
 def _hook_all():
     """kdispatch's hooks applied through SGLang's registry; returns a function that undoes them."""
     import os
@@ -169,8 +172,9 @@ def _hook_all():
     finally:
         registry_log.setLevel(level)
     unhooked = sorted(set(hook_registry.HookRegistry._hooks) - hook_registry.HookRegistry._patched)
-    if unhooked:
+    if unhooked and not _UNHOOKED_SAID:
         print(f"# not hooked here (their modules do not import in this environment): {', '.join(unhooked)}")
+        _UNHOOKED_SAID.append(True)
     assert not {t for t in unhooked if t != plugin.METADATA_TARGET}, "a kernel method was not hooked"
 
     def undo():

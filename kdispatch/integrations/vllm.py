@@ -67,9 +67,9 @@ SWITCH = "KDISPATCH_VLLM"
 # those definitions took vLLM's v, a view into its projection row (every call had raised and gone
 # back to vLLM) and the swap's own checks were trimmed (benchmarks/results/vllm-prefill-parts-H200.json),
 # no shape is slower than vLLM's call beyond the paired spread in graphs or eagerly at a repeated
-# token count; with a new count every call, as vLLM prefills, five shapes where both sides run
-# FlashInfer still are (0.88-0.95x: the router's decision for each new count). Opt-in until that
-# is closed and an H100 run agrees.
+# token count; with a new count every call, as a forward's first GDN layer sees it, none either since
+# the served path routes once and allocates and views cheaply (2026-12-02, the same file; 0.91x at 32
+# value heads x 4 x 512 before). Opt-in until an H100 run agrees.
 PREFILL_SWITCH = "KDISPATCH_VLLM_PREFILL"
 PREFILL_KIND = "prefill_gathered"  # the definitions the prefill swaps serve (serving.gdn_short)
 KERNEL = "fused_recurrent_gated_delta_rule_packed_decode"
