@@ -145,12 +145,14 @@ def _kernel_class(module: str, name: str):
     return getattr(importlib.import_module(f"sglang.srt.layers.attention.linear.kernels.{module}"), name)
 
 
-_UNHOOKED_SAID: list = []  # `_hook_all` names the targets it could not hook once a run
+_unhooked_said = False  # `_hook_all` names the targets it could not hook once a run
 
 
 def _hook_all():
     """kdispatch's hooks applied through SGLang's registry; returns a function that undoes them."""
     import os
+
+    global _unhooked_said
 
     from sglang.srt.plugins import hook_registry
 
@@ -172,9 +174,9 @@ def _hook_all():
     finally:
         registry_log.setLevel(level)
     unhooked = sorted(set(hook_registry.HookRegistry._hooks) - hook_registry.HookRegistry._patched)
-    if unhooked and not _UNHOOKED_SAID:
+    if unhooked and not _unhooked_said:
         print(f"# not hooked here (their modules do not import in this environment): {', '.join(unhooked)}")
-        _UNHOOKED_SAID.append(True)
+        _unhooked_said = True
     assert not {t for t in unhooked if t != plugin.METADATA_TARGET}, "a kernel method was not hooked"
 
     def undo():

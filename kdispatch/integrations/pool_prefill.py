@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from kdispatch.integrations import serving
-from kdispatch.ops import prefill_scale
 from kdispatch.integrations.packed_decode import DIM, HEADS
+from kdispatch.ops import prefill_scale
 
 _batch: dict = {"lengths": None}  # (sequences, longest sequence) of the batch the engine runs, from its metadata
 
@@ -91,5 +91,3 @@ def serve_gathered(short, features, strided, variant, q, k, v, g, beta, states, 
     """gdn_prefill_gathered's `short`, as `serve`."""
     serving.serve_decided(short, v.device, features, strided, (q, k, v, g, beta, states, cu_seqlens, out,
                                                                prefill_scale(scale)), variant)
-
-

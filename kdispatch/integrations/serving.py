@@ -102,8 +102,8 @@ def given_back(short: str, value_heads: int, device, axes, strided: bool = False
 
 
 def serve_decided(short: str, device, axes: dict, strided: bool, args: tuple, variant=None):
-    """The call `gives_back` / `decision` has just decided with `axes` and `strided` (`variant`: the
-    variant `decision` named), whose layout and counts the plugin has checked
+    """The call `decision` (or `given_back`) has just decided with `axes` and `strided` (`variant`:
+    the variant `decision` named), whose layout and counts the plugin has checked
     (`layout_not_covered` and its own count comparisons), served by the decision's variant
     (`Dispatcher.serve_decided`): what a prefill of a new token count costs no more than a
     repeated one. `args`: the definition's inputs in order."""
