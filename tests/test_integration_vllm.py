@@ -264,6 +264,23 @@ def test_vllm_prefill_is_served_by_kdispatch(monkeypatch, fake_vllm, kernels_her
         assert out.data_ptr() == buffer.data_ptr() and torch.isnan(buffer[40:]).all()
 
 
+def test_a_heads_major_v_gets_a_contiguous_output(monkeypatch, fake_vllm, kernels_here):
+    """The output buffer the swap allocates is contiguous whatever v's strides (the CUDA variants
+    take a contiguous `out` only, and one that raises is dropped for good): here v is dense but
+    heads-major, which `torch.empty_like` alone would copy."""
+    module, calls = fake_vllm
+    monkeypatch.setenv(plugin.SWITCH, "1")
+    monkeypatch.setenv(plugin.PREFILL_SWITCH, "1")
+    plugin.register()
+    kw, ref = vllm_prefill_call()
+    want_out, _ = registry.get("gdn_prefill_gathered_qk4_v8", "reference").fn(*ref)
+    v = kw["v"][0].transpose(0, 1).contiguous().transpose(0, 1)
+    assert v.stride() == (128, v.shape[0] * 128, 1)
+    out, _ = module.fi_chunk_gated_delta_rule(**{**kw, "v": v[None]})
+    assert calls == [] and out.is_contiguous()
+    torch.testing.assert_close(out[0], want_out, rtol=0, atol=0)
+
+
 def test_a_covered_prefill_layout_is_checked_once_whatever_the_token_count(monkeypatch):
     """The prefill checks run once per layout kdispatch covers, not once per token count (engines
     prefill a new one nearly every call); the counts themselves are compared on every call."""
