@@ -12,33 +12,28 @@ from kdispatch.definitions.gdn.names import PACKED_HEADS
 
 GATHERED_HEADS = PACKED_HEADS  # Qwen3-Next-80B per TP degree, as in the pool convention
 
-# (kind, device) -> buffers, the newest (longest) last, and (kind, device, n) -> the first n of one of
-# them: no launch a call and no slice either (3 us of host time each on an H200 host,
-# benchmarks/results/host-primitives-H200.txt); no buffer is ever freed, since a CUDA graph captured
-# with a slice of one keeps reading it
-_buffers: dict = {}
-_prefixes: dict = {}
+# device -> buffers, the newest (longest) last, sliced per call: no launch a call, and none is ever
+# freed, since a CUDA graph captured with a slice of one keeps reading it
+_identity: dict = {}
+_all_true: dict = {}
 
 
 def gathered_prefill_name(hq: int, hv: int) -> str:
     return f"gdn_prefill_gathered_qk{hq}_v{hv}_d128_k_last"
 
 
-def _prefix(kind: str, n: int, device, make) -> torch.Tensor:
-    hit = _prefixes.get((kind, device, n))
-    if hit is None:
-        bufs = _buffers.setdefault((kind, device), [])
-        if not bufs or bufs[-1].shape[0] < n:
-            bufs.append(make(max(n, 256)))
-        hit = _prefixes[(kind, device, n)] = bufs[-1][:n]
-    return hit
+def _prefix(cache: dict, n: int, device, make) -> torch.Tensor:
+    bufs = cache.setdefault(device, [])
+    if not bufs or bufs[-1].shape[0] < n:
+        bufs.append(make(max(n, 256)))
+    return bufs[-1][:n]
 
 
 def identity_slots(n: int, device) -> torch.Tensor:
     """[n] int32 0 .. n-1: a slot per gathered state."""
-    return _prefix("identity", n, device, lambda m: torch.arange(m, dtype=torch.int32, device=device))
+    return _prefix(_identity, n, device, lambda m: torch.arange(m, dtype=torch.int32, device=device))
 
 
 def all_true(n: int, device) -> torch.Tensor:
     """[n] bool ones: every gathered state is its sequence's initial state (vLLM zeroed the fresh ones)."""
-    return _prefix("all_true", n, device, lambda m: torch.ones(m, dtype=torch.bool, device=device))
+    return _prefix(_all_true, n, device, lambda m: torch.ones(m, dtype=torch.bool, device=device))
