@@ -2,7 +2,7 @@
 scatter around it), on the same rotated input sets, timed in turns (`timing.eager_rounds_us`):
 - `vllm`: vLLM's own `fi_chunk_gated_delta_rule` (compiled from its layer file, benchmarks/vllm_kernels.py);
 - `plugin`: the swapped call, `kdispatch.integrations.vllm.fi_chunk_call` (its checks, then the variant
-  its `gives_back` decided, `serving.serve_decided`: no validation or signature look-up in the op);
+  its `serving.decision` decided, `serving.serve_decided`: no validation or signature look-up in the op);
 - `op`: `kdispatch.ops.gdn_prefill_gathered` with the batch's longest sequence (what a caller other
   than the plugin pays), and `op (new out)` with a new output buffer per call;
 - `plugin checks`: the swapped call with the op replaced by a no-op (its checks and buffers alone);

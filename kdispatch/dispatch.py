@@ -229,7 +229,7 @@ class Dispatcher:
         # pops it in O(1), where finding a dict's first key scans past the dropped ones' tombstones
         self._seen_once: collections.OrderedDict = collections.OrderedDict()
         # (arch, mode, strided, *features) -> (variant, whether plugins get the call back), for the
-        # decisions not cached with a call signature: a plugin's `gives_back` and the one-off call
+        # decisions not cached with a call signature: a plugin's `decision` and the one-off call
         # that follows it with the same features (a prefill's new token count) are routed once
         self._decisions: collections.OrderedDict = collections.OrderedDict()
         self._routers: dict = {}  # arch -> {mode: route(**axes) -> variant name(s)}, or None
@@ -614,21 +614,14 @@ class Dispatcher:
         fn, features = self._route_fn(routes, axes, mode, hand_back=True)
         return bool(fn(**features)) if fn is not None else False
 
-    def gives_back(self, arch: str, axes: dict, mode: str = "graph", strided: bool = False) -> bool:
-        """Does an engine plugin's call (`handing_back_baseline`) with these shape features go back to
-        the engine's own kernel in `mode`: the baseline serves it, or its region is handed back?
-        `strided`: the call will pass strided views (a region's strided-capable variant may serve
-        them where the baseline would serve contiguous ones). Asked before every plugin call."""
-        return self.decision(arch, axes, mode, strided)[1]
-
     def serve_decided(self, arch: str, features: dict, strided: bool, args, variant: registry.Variant | None = None):
         """An engine plugin's call that its own checks found covered (every tensor's layout, the
-        counts across them) and that `gives_back` (or `decision`, whose variant is `variant`) has
-        just decided with these features (the definition's variable axes, and its hints where the
-        engine knows them): served by that decision's variant, with no signature look-up,
-        validation or entry, which for a prefill of a new token count were most of the op's host
-        time. BaselineChosen where the engine's kernel should serve it; a variant that raises is
-        marked failed for these features and the next choice serves. The checked mode
+        counts across them) and that `decision` has just decided with these features (the
+        definition's variable axes, and its hints where the engine knows them): served by
+        `variant`, the variant that decision named (None: decided again here), with no signature
+        look-up, validation or entry, which for a prefill of a new token count were most of the
+        op's host time. BaselineChosen where the engine's kernel should serve it; a variant that
+        raises is marked failed for these features and the next choice serves. The checked mode
         (KDISPATCH_CHECK) and torch.compile's tracing call the op as any caller does."""
         if self.checked or _is_compiling():
             return self(*args, **{h: features[h] for h in self.hints if h in features})
@@ -646,10 +639,13 @@ class Dispatcher:
             return self.serve_decided(arch, features, strided, args)
 
     def decision(self, arch: str, features: dict, mode: str, strided: bool) -> tuple:
-        """(variant, whether plugins get the call back) for these shape features in `mode`
-        (`gives_back`'s answer and the variant `serve_decided` then runs), remembered per features and
-        forgotten with the dispatcher's decisions: the router and the fallback chain cost more than
-        the rest of a handed-back call."""
+        """(variant, whether an engine plugin's call goes back to the engine's own kernel: the
+        baseline serves it, or its region is handed back) for these shape features in `mode`;
+        `strided`: the call passes strided views (a region's strided-capable variant may serve them
+        where the baseline would serve contiguous ones). Asked before every plugin call, which
+        passes the variant on to `serve_decided`. Remembered per features and forgotten with the
+        dispatcher's decisions: the router and the fallback chain cost more than the rest of a
+        handed-back call."""
         key = (arch, mode, strided, *features.items())
         hit = self._decisions.get(key)
         if hit is None:

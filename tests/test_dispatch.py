@@ -273,16 +273,18 @@ def test_a_handed_back_new_shape_is_given_back_before_any_check(fake):
 
 
 def test_a_plugins_question_is_answered_once_per_shape_until_the_decisions_are_forgotten(fake):
-    """`gives_back` (asked by engine plugins before every call) is remembered per shape and mode, and
+    """`decision` (asked by engine plugins before every call) is remembered per shape and mode, and
     forgotten with the dispatcher's decisions: a new router, a variant that raised."""
     calls, behaviour = fake
     d = kdispatch.ops.DISPATCHERS["gdn_decode"]
     asked = []
     d.set_router("cpu", lambda batch_size: asked.append(batch_size) or "fake_cpu",
                  hand_back=lambda batch_size: batch_size <= 4)
-    assert d.gives_back("cpu", {"batch_size": 2}) and not d.gives_back("cpu", {"batch_size": 8})
+    assert d.decision("cpu", {"batch_size": 2}, "graph", False)[1]
+    assert not d.decision("cpu", {"batch_size": 8}, "graph", False)[1]
     n = len(asked)
-    assert d.gives_back("cpu", {"batch_size": 2}) and not d.gives_back("cpu", {"batch_size": 8})
+    assert d.decision("cpu", {"batch_size": 2}, "graph", False)[1]
+    assert not d.decision("cpu", {"batch_size": 8}, "graph", False)[1]
     assert len(asked) == n, "remembered"
     behaviour["raise"] = True
     with warnings.catch_warnings():
@@ -290,10 +292,10 @@ def test_a_plugins_question_is_answered_once_per_shape_until_the_decisions_are_f
         for _ in range(2):
             kdispatch.ops.gdn_decode(*decode_args(8))
     n = len(asked)
-    d.gives_back("cpu", {"batch_size": 8})
+    d.decision("cpu", {"batch_size": 8}, "graph", False)[1]
     assert len(asked) > n, "its variant raised: asked again"
     d.set_router("cpu", lambda batch_size: "fake_cpu")
-    assert not d.gives_back("cpu", {"batch_size": 2}), "a new router: asked again"
+    assert not d.decision("cpu", {"batch_size": 2}, "graph", False)[1], "a new router: asked again"
 
 
 def test_a_full_decision_memo_forgets_its_oldest_shapes_first(fake, monkeypatch):
@@ -306,12 +308,12 @@ def test_a_full_decision_memo_forgets_its_oldest_shapes_first(fake, monkeypatch)
     asked = []
     d.set_router("cpu", lambda batch_size: asked.append(batch_size) or "fake_cpu")
     for b in range(1, 6):
-        d.gives_back("cpu", {"batch_size": b})
+        d.decision("cpu", {"batch_size": b}, "graph", False)[1]
     assert len(d._decisions) == 3
     asked.clear()
-    d.gives_back("cpu", {"batch_size": 5})
+    d.decision("cpu", {"batch_size": 5}, "graph", False)[1]
     assert asked == [], "the newest kept"
-    d.gives_back("cpu", {"batch_size": 1})
+    d.decision("cpu", {"batch_size": 1}, "graph", False)[1]
     assert asked == [1], "the oldest forgotten"
     for b in range(1, 6):
         kdispatch.ops.gdn_decode(*decode_args(b))
@@ -360,7 +362,7 @@ def test_a_call_passing_the_hints_is_routed_with_them():
 
 
 def test_a_plugins_question_and_the_call_that_follows_are_routed_once():
-    """A prefill of a new token count: the plugin asks `gives_back` with the call's features, then
+    """A prefill of a new token count: the plugin asks `decision` with the call's features, then
     calls the op with the same features (its first such shape, a one-off decision): the router runs
     once; a call passing strided views is decided apart from a contiguous one."""
     registry.discover()
@@ -373,10 +375,10 @@ def test_a_plugins_question_and_the_call_that_follows_are_routed_once():
         args = materialize(POOL, {"axes": {"total_seq_len": 8, "num_seqs": 2, "num_slots": 3}, "inputs": {},
                                   "uuid": "asked-once"})
         features = {"total_seq_len": 8, "num_seqs": 2, "len_cu_seqlens": 3, "num_slots": 3, "max_seq_len": 5}
-        assert not d.gives_back("cpu", features, "eager")
+        assert not d.decision("cpu", features, "eager", False)[1]
         kdispatch.ops.gdn_prefill_pool(*args[:9], out=args[9], max_seq_len=5)
         assert served == [1] and len(asked) == 1, "routed once for the question and the call"
-        d.gives_back("cpu", features, "eager", strided=True)
+        d.decision("cpu", features, "eager", True)[1]
         assert len(asked) == 2, "strided views: a decision of their own"
     finally:
         d.set_router("cpu", None)
@@ -411,10 +413,10 @@ def test_a_hinted_call_whose_variant_raises_goes_to_the_next_in_its_chain():
 
 
 def test_a_plugins_decided_call_is_served_without_validation_and_falls_down_its_chain(monkeypatch):
-    """`serve_decided`: the variant `gives_back` (or `decision`, passing it on) decided serves the
-    plugin's call with no signature validated or kept (a new token count costs no more than a repeated one); one that raises is
-    marked failed for those features and the next choice serves; a region handed back raises
-    BaselineChosen; the checked mode validates as any call does."""
+    """`serve_decided`: the variant `decision` named (passed on, or decided again) serves the
+    plugin's call with no signature validated or kept (a new token count costs no more than a
+    repeated one); one that raises is marked failed for those features and the next choice
+    serves; a region handed back raises BaselineChosen; the checked mode validates as any call does."""
     registry.discover()
     served = []
 
@@ -434,7 +436,7 @@ def test_a_plugins_decided_call_is_served_without_validation_and_falls_down_its_
         for total in (8, 7, 8):
             call = (*(x[:total] for x in args[:5]), *args[5:9], args[9][:total], args[10])
             features = {"total_seq_len": total, "num_seqs": 2, "len_cu_seqlens": 3, "num_slots": 3, "max_seq_len": 5}
-            assert not d.gives_back("cpu", features, "eager")
+            assert not d.decision("cpu", features, "eager", False)[1]
             d.serve_decided("cpu", features, False, call)
         assert served == [8, 7, 8] and not d._entries and not d._seen_once, "no signature kept"
         plain = {"total_seq_len": 8, "num_seqs": 2, "len_cu_seqlens": 3, "num_slots": 3}

@@ -261,8 +261,8 @@ def _prefill_call(engine, q, k, v, g, beta, initial_state, output_final_state, c
         serving.passed(PREFILL_STATS, why)
         return engine()
     return serving.attempt(PREFILL_STATS, short, v.device,
-                           lambda: _prefill(short, features, strided, decided[0], q, k, v, g, beta, scale, initial_state,
-                                            cu_seqlens, core_attn_out),
+                           lambda: _prefill(short, features, strided, decided[0], q, k, v, g, beta, scale,
+                                            initial_state, cu_seqlens, core_attn_out),
                            engine)
 
 
