@@ -27,6 +27,7 @@ typedef unsigned short bf16_t;
 typedef unsigned int u32;
 
 #define KROW 136  // bf16 a K / Q row in shared memory: 128 + 8, rows 4 banks apart (ldmatrix conflict-free)
+#define MROW 24   // bf16 a matrix row: 16 + 8, rows 12 banks apart
 
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     u32 r;
@@ -99,14 +100,14 @@ __device__ __forceinline__ void as_a(u32* a, const float (*x)[4], const float* s
     a[3] = pack_bf16(x[1][2] * s[2], x[1][3] * s[3]);
 }
 
-template <int ROWS, int BT>
-struct Stage {  // one block's inputs (BT tokens)
-    bf16_t k[BT][KROW];
-    bf16_t q[BT][KROW];
-    bf16_t v[BT][ROWS + 8];
-    bf16_t tb[BT][BT + 8];
-    bf16_t p[BT][BT + 8];
-    float fac[4][BT];
+template <int ROWS>
+struct Stage {  // one block's inputs
+    bf16_t k[16][KROW];
+    bf16_t q[16][KROW];
+    bf16_t v[16][ROWS + 8];
+    bf16_t tb[16][MROW];
+    bf16_t p[16][MROW];
+    float fac[4][16];
 };
 
 struct Args {
@@ -165,22 +166,19 @@ __device__ __forceinline__ void segment_of(long long bos, long long eos, int p, 
     if (seos < sbos) seos = sbos;
 }
 
-template <int W, int NST, int BT, typename CU, bool SLOTS, bool CP>
+template <int W, int NST, typename CU, bool SLOTS, bool CP>
 __device__ __forceinline__ void walk(const Args& A) {
     constexpr int ROWS = 16 * W;
     constexpr int NVB = 128 / ROWS;
     constexpr int GROUPS = CP ? 2 * NVB : NVB;  // CP: NVB groups of value rows, then NVB of key rows
     constexpr int THREADS = 32 * W;
-    constexpr int NT = BT / 8, NP = BT / 16;  // a block's 8-token mma tiles and 16-token k-steps
-    constexpr int MR = BT + 8;                // bf16 a matrix row in shared memory (ldmatrix conflict-free)
-    static_assert(BT == 16 || BT == 32, "16- or 32-token blocks");
-    static_assert(!CP || BT == 16, "CP segments are cut on 16-token block edges");
+    static_assert(THREADS >= 64, "the matrices' copy takes a thread a chunk");
     extern __shared__ __align__(128) unsigned char smem[];
-    Stage<ROWS, BT>* st = reinterpret_cast<Stage<ROWS, BT>*>(smem);  // NST stages: blocks b .. b + NST - 1 in flight
+    Stage<ROWS>* st = reinterpret_cast<Stage<ROWS>*>(smem);  // NST stages: blocks b .. b + NST - 1 in flight
     const u32 st0 = smem_addr(smem);  // stage i at st0 + i * sizeof(Stage), its fields at their offsets
-    constexpr u32 OFF_K = 0, OFF_Q = OFF_K + BT * KROW * 2, OFF_V = OFF_Q + BT * KROW * 2;
-    constexpr u32 OFF_TB = OFF_V + BT * (ROWS + 8) * 2, OFF_P = OFF_TB + BT * MR * 2, OFF_FAC = OFF_P + BT * MR * 2;
-    static_assert(sizeof(Stage<ROWS, BT>) == OFF_FAC + 4 * BT * 4, "Stage's fields are packed in this order");
+    constexpr u32 OFF_K = 0, OFF_Q = OFF_K + 16 * KROW * 2, OFF_V = OFF_Q + 16 * KROW * 2;
+    constexpr u32 OFF_TB = OFF_V + 16 * (ROWS + 8) * 2, OFF_P = OFF_TB + 16 * MROW * 2, OFF_FAC = OFF_P + 16 * MROW * 2;
+    static_assert(sizeof(Stage<ROWS>) == OFF_FAC + 4 * 16 * 4, "Stage's fields are packed in this order");
 
     const CU* cu = static_cast<const CU*>(A.cu);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -236,15 +234,13 @@ __device__ __forceinline__ void walk(const Args& A) {
     }
 
     // Rows are addressed relative to bos in 32 bits: a block's row r is in the piece when
-    // (unsigned)(rel + r) < len, rel = BT b - bos. Each thread copies the same chunks of every block:
-    // K / Q rows kr + i THREADS / 16 at column kc, V rows vrow + 16 i at column vc, matrix rows and factors.
-    const long long b0 = bos / BT, b1 = eos > bos ? (eos + BT - 1) / BT : b0;
+    // (unsigned)(rel + r) < len, rel = 16 b - bos. Each thread copies the same chunks of every block:
+    // K / Q rows kr + i THREADS / 16 at column kc, V row vrow at column vc, matrix rows and factors.
+    const long long b0 = bos / 16, b1 = eos > bos ? (eos + 15) / 16 : b0;
     const int len = (int)(eos - bos);
-    constexpr int KQ = BT * 16 / THREADS;                 // K / Q chunks a thread
-    constexpr int MATS = BT * BT / 4;                     // the two matrices' 16-byte chunks
-    constexpr int MQ = (MATS + THREADS - 1) / THREADS;    // ... a thread
+    constexpr int KQ = 256 / THREADS;  // K / Q chunks a thread
     const int kr = tid >> 4, kc = (tid & 15) * 8;
-    const int vrow = tid / (2 * W), vc = (tid % (2 * W)) * 8;  // V: 16 rows x ROWS / 8 chunks a pass
+    const int vrow = tid / (2 * W), vc = (tid % (2 * W)) * 8;  // V: 16 rows x ROWS / 8 chunks = one a thread
     const bf16_t* kbase = A.k + bos * A.k_t + (long long)i_hk * A.k_h + kc;
     const bf16_t* qbase = A.q + bos * A.q_t + (long long)i_hk * A.q_h + kc;
     const bf16_t* vbase = A.v + bos * A.v_t + (long long)i_h * A.v_h + v0 + vc;
@@ -252,7 +248,7 @@ __device__ __forceinline__ void walk(const Args& A) {
     // this thread's destinations within a stage (bytes)
     const u32 dst_kq = (kr * KROW + kc) * 2, dst_v = OFF_V + (vrow * (ROWS + 8) + vc) * 2;
     auto load = [&](u32 s, long long b) {  // s: the stage's shared address
-        const int rel = (int)(b * BT - bos);
+        const int rel = (int)(b * 16 - bos);
         const bf16_t* kp = kbase + (long long)(rel + kr) * A.k_t;
         const bf16_t* qp = qbase + (long long)(rel + kr) * A.q_t;
 #pragma unroll
@@ -266,30 +262,21 @@ __device__ __forceinline__ void walk(const Args& A) {
             qp += qstep;
         }
         if (!keys) {
-#pragma unroll
-            for (int i = 0; i < NP; ++i) {
-                const int r = vrow + 16 * i;
-                const bool vin = (unsigned)(rel + r) < (unsigned)len;
-                cp_async16(s + dst_v + i * 16 * (ROWS + 8) * 2, vin ? vbase + (long long)(rel + r) * A.v_t : vbase,
-                           vin);
-            }
+            const bool vin = (unsigned)(rel + vrow) < (unsigned)len;
+            cp_async16(s + dst_v, vin ? vbase + (long long)(rel + vrow) * A.v_t : vbase, vin);
         }
-        const bf16_t* m = A.mats + (b * A.hv + i_h) * (2 * BT * BT);
-#pragma unroll
-        for (int i = 0; i < MQ; ++i) {  // TB and P rows, BT / 8 chunks each (a loop from tid took ~100 instructions)
-            const int e = tid + i * THREADS;
-            if (MQ * THREADS == MATS || e < MATS) {
-                const int which = e / (MATS / 2), r = (e % (MATS / 2)) / (BT / 8), c = (e % (BT / 8)) * 8;
-                const bool in = (unsigned)(rel + r) < (unsigned)len;
-                cp_async16(s + (which ? OFF_P : OFF_TB) + (r * MR + c) * 2, m + which * BT * BT + r * BT + c, in);
-            }
+        const bf16_t* m = A.mats + (b * A.hv + i_h) * 512;
+        if (tid < 64) {  // TB and P rows: 2 chunks each, a chunk a thread (a loop from tid took ~100 instructions)
+            const int which = tid >> 5, r = (tid >> 1) & 15, c = (tid & 1) * 8;
+            const bool in = (unsigned)(rel + r) < (unsigned)len;
+            cp_async16(s + (which ? OFF_P : OFF_TB) + (r * MROW + c) * 2, m + which * 256 + r * 16 + c, in);
         }
-        if (tid < BT) cp_async16(s + OFF_FAC + tid * 16, A.fac + (b * A.hv + i_h) * (4 * BT) + tid * 4, true);
+        if (tid < 16) cp_async16(s + OFF_FAC + tid * 16, A.fac + (b * A.hv + i_h) * 64 + tid * 4, true);
     };
 
 #pragma unroll
     for (int i = 0; i < NST - 1; ++i) {  // one commit group a block, empty past the sequence's last
-        if (b0 + i < b1) load(st0 + i * (u32)sizeof(Stage<ROWS, BT>), b0 + i);
+        if (b0 + i < b1) load(st0 + i * (u32)sizeof(Stage<ROWS>), b0 + i);
         cp_async_commit();
     }
     const int mrow = ((lane >> 4) << 3) + (lane & 7), mcol = ((lane >> 3) & 1) << 3;  // ldmatrix x4 lane rows
@@ -297,25 +284,24 @@ __device__ __forceinline__ void walk(const Args& A) {
     const int vw = warp * 16 + vr;  // this lane's first V row within the block
     // this lane's ldmatrix rows within a stage: K / Q (B operands), transposed K, the two matrices
     const u32 lm_kq = (mrow * KROW + mcol) * 2, lm_kt = OFF_K + (krow * KROW + kcol) * 2;
-    const u32 lm_tb = OFF_TB + (mrow * MR + mcol) * 2, lm_p = OFF_P + (mrow * MR + mcol) * 2;
+    const u32 lm_tb = OFF_TB + (mrow * MROW + mcol) * 2, lm_p = OFF_P + (mrow * MROW + mcol) * 2;
     int si = 0;  // block b's stage, (b - b0) % NST
     for (long long b = b0; b < b1; ++b) {
-        Stage<ROWS, BT>& s = st[si];
-        const u32 sa = st0 + si * (u32)sizeof(Stage<ROWS, BT>);
+        Stage<ROWS>& s = st[si];
+        const u32 sa = st0 + si * (u32)sizeof(Stage<ROWS>);
         const int sl = si == 0 ? NST - 1 : si - 1;  // (b - b0 + NST - 1) % NST: where block b + NST - 1 goes
-        if (b + NST - 1 < b1) load(st0 + sl * (u32)sizeof(Stage<ROWS, BT>), b + NST - 1);
+        if (b + NST - 1 < b1) load(st0 + sl * (u32)sizeof(Stage<ROWS>), b + NST - 1);
         si = si == NST - 1 ? 0 : si + 1;
         cp_async_commit();
         cp_async_wait<NST - 1>();  // block b's group complete
         __syncthreads();
 
-        // this lane's token columns (8 n + t0 + {0, 1} of tile n, at 2 n + {0, 1}) and their factors,
-        // zero outside the piece
-        const int rel = (int)(b * BT - bos);
-        bool in[2 * NT];
-        float ak[2 * NT], aq[2 * NT], ek[2 * NT];
+        // this lane's four token columns (2 (lane % 4) + {0, 1, 8, 9}) and their factors, zero outside the piece
+        const int rel = (int)(b * 16 - bos);
+        bool in[4];
+        float ak[4], aq[4], ek[4];
 #pragma unroll
-        for (int c = 0; c < 2 * NT; ++c) {
+        for (int c = 0; c < 4; ++c) {
             const int t = t0 + (c & 1) + (c >> 1) * 8;
             in[c] = (unsigned)(rel + t) < (unsigned)len;
             ak[c] = in[c] ? s.fac[0][t] : 0.f;
@@ -325,72 +311,55 @@ __device__ __forceinline__ void walk(const Args& A) {
         const float eg = s.fac[3][rel < 0 ? -rel : 0];
 
         // S K^T and S Q^T: the k-steps of 16 keys, K / Q rows as the B operand (ldmatrix, non-transposed)
-        float xk[2][NT][4] = {}, xq[2][NT][4] = {};  // even and odd k-steps: two dependency chains each
+        float xk[2][2][4] = {}, xq[2][2][4] = {};  // even and odd k-steps: two dependency chains each
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
             const u32 a[4] = {pack_bf16(S[2 * kk][0], S[2 * kk][1]), pack_bf16(S[2 * kk][2], S[2 * kk][3]),
                               pack_bf16(S[2 * kk + 1][0], S[2 * kk + 1][1]),
                               pack_bf16(S[2 * kk + 1][2], S[2 * kk + 1][3])};
-#pragma unroll
-            for (int np = 0; np < NP; ++np) {
-                u32 kb[4], qb[4];
-                ldmatrix_x4(kb, sa + OFF_K + lm_kq + np * 16 * KROW * 2 + kk * 32);
-                ldmatrix_x4(qb, sa + OFF_Q + lm_kq + np * 16 * KROW * 2 + kk * 32);
-                mma_bf16(xk[kk & 1][2 * np], a, kb[0], kb[1]);
-                mma_bf16(xk[kk & 1][2 * np + 1], a, kb[2], kb[3]);
-                mma_bf16(xq[kk & 1][2 * np], a, qb[0], qb[1]);
-                mma_bf16(xq[kk & 1][2 * np + 1], a, qb[2], qb[3]);
-            }
+            u32 kb[4], qb[4];
+            ldmatrix_x4(kb, sa + OFF_K + lm_kq + kk * 32);
+            ldmatrix_x4(qb, sa + OFF_Q + lm_kq + kk * 32);
+            mma_bf16(xk[kk & 1][0], a, kb[0], kb[1]);
+            mma_bf16(xk[kk & 1][1], a, kb[2], kb[3]);
+            mma_bf16(xq[kk & 1][0], a, qb[0], qb[1]);
+            mma_bf16(xq[kk & 1][1], a, qb[2], qb[3]);
         }
         // X^T = V^T - (S K^T) diag(ak)
-        float x[NT][4];
+        float x[2][4];
 #pragma unroll
-        for (int n = 0; n < NT; ++n)
+        for (int n = 0; n < 2; ++n)
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const int t = n * 8 + t0 + (c & 1);
                 const float vt = keys ? 0.f : bf16_to_f(s.v[t][vw + (c >> 1) * 8]);
                 x[n][c] = vt - ak[n * 2 + (c & 1)] * (xk[0][n][c] + xk[1][n][c]);
             }
-        // R^T = X^T (T diag(beta))^T, T lower triangular: token pair np takes the k-steps ks <= np
         const float one[4] = {1.f, 1.f, 1.f, 1.f};
-        u32 a[NP][4], mb[4];
+        u32 a[4], mb[4];
+        as_a(a, x, one);
+        float r[2][4] = {};
+        ldmatrix_x4(mb, sa + lm_tb);
+        mma_bf16(r[0], a, mb[0], mb[1]);
+        mma_bf16(r[1], a, mb[2], mb[3]);
+        // O^T = (S Q^T) diag(aq) + R^T P^T
+        float o[2][4];
 #pragma unroll
-        for (int ks = 0; ks < NP; ++ks) as_a(a[ks], &x[2 * ks], one);
-        float r[NT][4] = {};
-#pragma unroll
-        for (int np = 0; np < NP; ++np)
-#pragma unroll
-            for (int ks = 0; ks <= np; ++ks) {
-                ldmatrix_x4(mb, sa + lm_tb + (np * 16 * MR + ks * 16) * 2);
-                mma_bf16(r[2 * np], a[ks], mb[0], mb[1]);
-                mma_bf16(r[2 * np + 1], a[ks], mb[2], mb[3]);
-            }
-        // O^T = (S Q^T) diag(aq) + R^T P^T, P lower triangular as T
-        float o[NT][4];
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
+        for (int n = 0; n < 2; ++n)
 #pragma unroll
             for (int c = 0; c < 4; ++c) o[n][c] = (xq[0][n][c] + xq[1][n][c]) * aq[n * 2 + (c & 1)];
+        as_a(a, r, one);
+        ldmatrix_x4(mb, sa + lm_p);
+        mma_bf16(o[0], a, mb[0], mb[1]);
+        mma_bf16(o[1], a, mb[2], mb[3]);
+        bf16_t* ob = out + (b * 16 + t0) * out_t + vw;
 #pragma unroll
-        for (int ks = 0; ks < NP; ++ks) as_a(a[ks], &r[2 * ks], one);
-#pragma unroll
-        for (int np = 0; np < NP; ++np)
-#pragma unroll
-            for (int ks = 0; ks <= np; ++ks) {
-                ldmatrix_x4(mb, sa + lm_p + (np * 16 * MR + ks * 16) * 2);
-                mma_bf16(o[2 * np], a[ks], mb[0], mb[1]);
-                mma_bf16(o[2 * np + 1], a[ks], mb[2], mb[3]);
-            }
-        bf16_t* ob = out + (b * BT + t0) * out_t + vw;
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
+        for (int n = 0; n < 2; ++n)
 #pragma unroll
             for (int c = 0; c < 4; ++c)
                 if (in[n * 2 + (c & 1)]) ob[(n * 8 + (c & 1)) * out_t + (c >> 1) * 8] = f_to_bf16(o[n][c]);
         // S = exp(G_end) S + (R^T diag(ek)) K: K rows as the B operand, transposed by ldmatrix
-#pragma unroll
-        for (int ks = 0; ks < NP; ++ks) as_a(a[ks], &r[2 * ks], &ek[4 * ks]);
+        as_a(a, r, ek);
 #pragma unroll
         for (int np = 0; np < 8; ++np) {
 #pragma unroll
@@ -398,13 +367,10 @@ __device__ __forceinline__ void walk(const Args& A) {
                 S[2 * np][c] *= eg;
                 S[2 * np + 1][c] *= eg;
             }
-#pragma unroll
-            for (int ks = 0; ks < NP; ++ks) {
-                u32 kb[4];
-                ldmatrix_x4_trans(kb, sa + lm_kt + ks * 16 * KROW * 2 + np * 32);
-                mma_bf16(S[2 * np], a[ks], kb[0], kb[1]);
-                mma_bf16(S[2 * np + 1], a[ks], kb[2], kb[3]);
-            }
+            u32 kb[4];
+            ldmatrix_x4_trans(kb, sa + lm_kt + np * 32);
+            mma_bf16(S[2 * np], a, kb[0], kb[1]);
+            mma_bf16(S[2 * np + 1], a, kb[2], kb[3]);
         }
         __syncthreads();  // every warp done with s before the next iteration loads into it
     }
@@ -639,17 +605,16 @@ __device__ __forceinline__ void correct(const Args& A) {
 #define GDN_KERNEL_ARGS                                                                              \
     Args { q, k, v, mats, fac, state, slots, init, cu, out, T, N, num_slots, hv, hqk, has_state,     \
            q_t, q_h, k_t, k_h, v_t, v_h, s_slot, s_head, s_row, P, aux, bs, as }
-#define GDN_WALK_KERNEL(W, NST, BT, KIND, CU, SLOTS, CP, SUFFIX)                                         \
+#define GDN_WALK_KERNEL(W, NST, KIND, CU, SLOTS, CP, SUFFIX)                                             \
     extern "C" __global__ void __launch_bounds__(32 * W)                                                 \
-        gdn_prefill_walk_w##W##_s##NST##_t##BT##_##KIND##SUFFIX(GDN_KERNEL_PARAMS(CU)) {                 \
-        walk<W, NST, BT, CU, SLOTS, CP>(GDN_KERNEL_ARGS);                                                \
+        gdn_prefill_walk_w##W##_s##NST##_##KIND##SUFFIX(GDN_KERNEL_PARAMS(CU)) {                         \
+        walk<W, NST, CU, SLOTS, CP>(GDN_KERNEL_ARGS);                                                    \
     }
-#define GDN_WALK_KERNELS(W, NST, BT)                                \
-    GDN_WALK_KERNEL(W, NST, BT, pool, int, true, false, )           \
-    GDN_WALK_KERNEL(W, NST, BT, contest, long long, false, false, )
-#define GDN_CP_WALK_KERNELS(W, NST)                                 \
-    GDN_WALK_KERNEL(W, NST, 16, pool, int, true, true, _cp)         \
-    GDN_WALK_KERNEL(W, NST, 16, contest, long long, false, true, _cp)
+#define GDN_WALK_KERNELS(W, NST)                                \
+    GDN_WALK_KERNEL(W, NST, pool, int, true, false, )           \
+    GDN_WALK_KERNEL(W, NST, contest, long long, false, false, ) \
+    GDN_WALK_KERNEL(W, NST, pool, int, true, true, _cp)         \
+    GDN_WALK_KERNEL(W, NST, contest, long long, false, true, _cp)
 #define GDN_CP_KERNELS(KIND, CU, SLOTS)                                                                   \
     extern "C" __global__ void __launch_bounds__(CHAIN_THREADS) gdn_prefill_cp_chain_##KIND(GDN_KERNEL_PARAMS(CU)) { \
         chain<CU, SLOTS>(GDN_KERNEL_ARGS);                                                                 \
@@ -660,11 +625,7 @@ __device__ __forceinline__ void correct(const Args& A) {
 
 // prefill_walk.py's KERNELS (the others measured on the H200 grid, gdn-fused-grid-H200.txt, never won
 // by more than 1%)
-GDN_WALK_KERNELS(2, 4, 16)
-GDN_WALK_KERNELS(4, 4, 16)
-GDN_WALK_KERNELS(2, 3, 32)
-GDN_WALK_KERNELS(4, 3, 32)
-GDN_WALK_KERNELS(4, 2, 32)
-GDN_CP_WALK_KERNELS(2, 4)
+GDN_WALK_KERNELS(2, 4)
+GDN_WALK_KERNELS(4, 4)
 GDN_CP_KERNELS(pool, int, true)
 GDN_CP_KERNELS(contest, long long, false)

@@ -48,10 +48,8 @@ SIGNATURE = "p" * 10 + "liiiii" + "l" * 9 + "ippp"
 # (warps a block, pipeline stages) compiled in the .cu: 16 V rows a warp, blocks in flight. On the H200
 # grid (benchmarks/results/gdn-fused-grid-H200.txt) 32 rows won up to ~32 (sequence, head) pairs, 64
 # above; 16 and 128 rows never, 64 rows at 2 stages within 1% of 4 stages everywhere (all measured there)
-KERNELS = ((2, 4, 16), (4, 4, 16), (2, 3, 32), (4, 3, 32), (4, 2, 32))
-LAUNCH_CONFIGS = {f"r{16 * w}s{n}" + ("" if t == 16 else f"t{t}"): dict(cfg=(w, n, t)) for w, n, t in KERNELS}
-# (warps, stages, tokens) -> warps of its first launch (chunk_algebra)
-ALGEBRA_WARPS = {16: 1, 32: 1}
+KERNELS = ((2, 4), (4, 4))
+LAUNCH_CONFIGS = {f"r{16 * w}s{n}": dict(cfg=(w, n)) for w, n in KERNELS}
 
 # Context parallel (`cuda_prefill_cp.p<P>`): each sequence's blocks in P segments walked at once, then a
 # chain over the segments and a correction of their outputs (the .cu's CP section); for few (sequence,
@@ -59,7 +57,7 @@ ALGEBRA_WARPS = {16: 1, 32: 1}
 # blocks); the chain and the correction at the .cu's fixed shapes.
 CP_SEGMENTS = (4, 8, 16)  # 32 never won on the H200 up to 32k tokens
 CP_CONFIGS = {f"p{n}": dict(segments=n) for n in CP_SEGMENTS}
-CP_WALK = (2, 4, 16)
+CP_WALK = (2, 4)
 CHAIN_WARPS, CORRECT_WARPS, CORRECT_BLOCKS = 4, 4, 8
 CHAIN_BYTES = 2 * (128 * 136 * 2 + 16 * 136 * 4) + 16 * 136 * 2  # the .cu's chain: two stages, S rows
 CORRECT_BYTES = CORRECT_BLOCKS * (16 * 136 * 2 + 16 * (16 * CORRECT_WARPS + 8) * 2)  # correct: a stage a block
@@ -71,21 +69,20 @@ CP_MAX_PAIRS, CP_MIN_TOKENS = 16, 1024
 _kernels: dict[tuple, nvrtc.Kernel] = {}
 
 
-def stage_bytes(warps: int, tokens: int = 16) -> int:
-    """Shared memory of one pipeline stage (the .cu's Stage) of `tokens`-token blocks: K and Q rows at
-    136, V at 16 W + 8, two tokens x (tokens + 8) matrices (bf16), 4 fp32 factors a token."""
-    return 2 * tokens * 136 * 2 + tokens * (16 * warps + 8) * 2 + 2 * tokens * (tokens + 8) * 2 + 4 * tokens * 4
+def stage_bytes(warps: int) -> int:
+    """Shared memory of one pipeline stage (the .cu's Stage): K and Q rows at 136, V at 16 W + 8,
+    two 16 x 24 matrices (bf16), 64 fp32 factors."""
+    return 2 * 16 * 136 * 2 + 16 * (16 * warps + 8) * 2 + 2 * 16 * 24 * 2 + 64 * 4
 
 
-def kernel(warps: int, stages: int, pooled: bool, cp: bool = False, tokens: int = 16) -> nvrtc.Kernel:
-    kern = _kernels.get((warps, stages, pooled, cp, tokens))
+def kernel(warps: int, stages: int, pooled: bool, cp: bool = False) -> nvrtc.Kernel:
+    kern = _kernels.get((warps, stages, pooled, cp))
     if kern is None:
-        if (warps, stages, tokens) not in KERNELS:
-            raise ValueError(f"cuda_prefill_staged: no walk kernel of {warps} warps, {stages} stages and "
-                             f"{tokens}-token blocks ({KERNELS})")
+        if (warps, stages) not in KERNELS:
+            raise ValueError(f"cuda_prefill_staged: no walk kernel of {warps} warps and {stages} stages ({KERNELS})")
         kind = ("pool" if pooled else "contest") + ("_cp" if cp else "")
-        kern = _load(f"gdn_prefill_walk_w{warps}_s{stages}_t{tokens}_{kind}", stages * stage_bytes(warps, tokens))
-        _kernels[(warps, stages, pooled, cp, tokens)] = kern
+        kern = _load(f"gdn_prefill_walk_w{warps}_s{stages}_{kind}", stages * stage_bytes(warps))
+        _kernels[(warps, stages, pooled, cp)] = kern
     return kern
 
 
@@ -112,9 +109,9 @@ def _load(name: str, shmem: int) -> nvrtc.Kernel:
     return kern
 
 
-def config(num_seqs: int, num_v_heads: int) -> tuple[int, int, int]:
-    """Default (warps a block, stages, tokens a block) of a direct call."""
-    return (2, 4, 16) if num_seqs * num_v_heads <= 32 else (4, 4, 16)
+def config(num_seqs: int, num_v_heads: int) -> tuple[int, int]:
+    """Default (warps a block, stages) of a direct call."""
+    return (2, 4) if num_seqs * num_v_heads <= 32 else (4, 4)
 
 
 def _aligned(x: torch.Tensor) -> torch.Tensor:
@@ -136,21 +133,20 @@ def _walk(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, raw_gat
         raise ValueError("cuda_prefill_staged: the state needs 8-byte aligned slots, heads and rows")
     if out.stride() != (out.shape[1] * DIM, DIM, 1) or out.data_ptr() % 16:
         raise ValueError("cuda_prefill_staged: out must be contiguous and 16-byte aligned")
-    warps, stages, tokens = CP_WALK if segments else cfg or config(N, HV)
-    mats, factors = chunk_algebra(q, k, gates, cu_seqlens, HV, scale, raw_gates=raw_gates, norm=norm,
-                                  chunk=tokens, warps=ALGEBRA_WARPS[tokens])
+    mats, factors = chunk_algebra(q, k, gates, cu_seqlens, HV, scale, raw_gates=raw_gates, norm=norm)
     pooled = slots is not None
     stream = nvrtc.current_stream(q.get_device())
     common = (q, k, v, mats, factors, state, slots, init, cu_seqlens, out, T, N, state.shape[0], HV, HQK,
               int(has_state), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
               ss[0], ss[1], ss[2])
     if not segments:
-        kernel(warps, stages, pooled, tokens=tokens).launch(
-            N * HV * (DIM // (16 * warps)), 32 * warps, *common, 1, None, None, None,
-            shmem=stages * stage_bytes(warps, tokens), stream=stream)
+        warps, stages = cfg or config(N, HV)
+        kernel(warps, stages, pooled).launch(N * HV * (DIM // (16 * warps)), 32 * warps, *common, 1, None, None,
+                                             None, shmem=stages * stage_bytes(warps), stream=stream)
         return
     if segments < 2:
         raise ValueError(f"cuda_prefill_cp: at least 2 segments a sequence, got {segments}")
+    warps, stages = CP_WALK
     cp = (*common, segments, torch.empty_like(out),  # o~: the key rows' outputs
           torch.empty(N, segments - 1, HV, DIM, DIM, dtype=torch.float32, device=q.device),  # B, then S_p
           torch.empty(N, segments - 1, HV, DIM, DIM, dtype=torch.bfloat16, device=q.device))  # A

@@ -223,25 +223,24 @@ def config(num_seqs: int, num_v_heads: int) -> tuple[int, int, int]:
     return (16, 32, 4) if num_seqs * num_v_heads <= 64 else (16, 64, 4)
 
 
-def chunk_algebra(q, k, gates, cu_seqlens, HV: int, scale: float, *, raw_gates: bool, norm: bool,
-                  chunk: int = CHUNK, warps: int = ALGEBRA_WARPS):
-    """The first launch: (matrices, factors) of every `chunk`-token block and value head, the buffers a
-    walk reads (bf16 matrices; fp32 under the interpreter). `gates` = (g, beta, A_log, dt_bias) as `_staged`."""
+def chunk_algebra(q, k, gates, cu_seqlens, HV: int, scale: float, *, raw_gates: bool, norm: bool):
+    """The first launch: (matrices, factors) of every 16-token block and value head, the buffers a walk
+    reads (bf16 matrices; fp32 under the interpreter). `gates` = (g, beta, A_log, dt_bias) as `_staged`."""
     T, HQK, _ = q.shape
     N = cu_seqlens.shape[0] - 1
     g, beta, A_log, dt_bias = gates
     g = g if g.stride(-1) == 1 else g.contiguous()
     beta = beta if beta.stride(-1) == 1 else beta.contiguous()
     interpreted = q.device.type != "cuda"
-    blocks = -(-T // chunk)  # not triton.cdiv: a constexpr function, a few us of host time a call
-    mats = torch.empty(max(blocks, 1) * HV * 2 * chunk * chunk, device=q.device,
+    blocks = -(-T // CHUNK)  # not triton.cdiv: a constexpr function, a few us of host time a call
+    mats = torch.empty(max(blocks, 1) * HV * 2 * CHUNK * CHUNK, device=q.device,
                        dtype=torch.float32 if interpreted else torch.bfloat16)
-    factors = torch.empty(max(blocks, 1) * HV * FACTORS * chunk, dtype=torch.float32, device=q.device)
+    factors = torch.empty(max(blocks, 1) * HV * FACTORS * CHUNK, dtype=torch.float32, device=q.device)
     if blocks:
         launch(_chunk_algebra_kernel, (blocks, HQK), q, k, g, beta, A_log if raw_gates else g,
                dt_bias if raw_gates else g, cu_seqlens, mats, factors, scale, T, N, q.stride(0), q.stride(1),
-               k.stride(0), k.stride(1), g.stride(0), beta.stride(0), HV, HQK, chunk, chunk.bit_length() - 1, norm,
-               raw_gates, CU_BLOCK, interpreted, TRI_PRECISION, num_warps=warps, num_stages=2)
+               k.stride(0), k.stride(1), g.stride(0), beta.stride(0), HV, HQK, CHUNK, CHUNK.bit_length() - 1, norm,
+               raw_gates, CU_BLOCK, interpreted, TRI_PRECISION, num_warps=ALGEBRA_WARPS, num_stages=2)
     return mats, factors
 
 
