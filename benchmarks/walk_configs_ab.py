@@ -43,9 +43,9 @@ def main() -> None:
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, torch {torch.__version__}: graph us per call, "
           f"medians of {opts.rounds} rounds; x = time over {opts.configs[0]}")
     for config in opts.configs:
-        w, n, splits = prefill_walk.LAUNCH_CONFIGS[config]["cfg"]
-        kern = prefill_walk.kernel(w, n, True, splits=splits)
-        blocks = kern.core.occupancy.max_active_blocks_per_multiprocessor(32 * w, prefill_walk.walk_bytes(w, n, splits))
+        w, n = prefill_walk.LAUNCH_CONFIGS[config]["cfg"]
+        kern = prefill_walk.kernel(w, n, True)
+        blocks = kern.core.occupancy.max_active_blocks_per_multiprocessor(32 * w, n * prefill_walk.stage_bytes(w))
         print(f"# {config}: {kern.resources()}, {blocks} blocks an SM")
     table = []
     for definition, axes in opts.shape:

@@ -123,12 +123,11 @@ def test_gdn_kernels_are_the_expected_ones(cache):
         assert name.encode() + b"\x00" in states.cubin
     c = nvrtc.compile(W.CU.read_text(), arch=ARCH)
     for label, kw in W.LAUNCH_CONFIGS.items():
-        warps, stages, splits = kw["cfg"]
-        assert label == f"r{16 * warps // splits}s{stages}" + ("" if splits == 1 else f"k{splits}")
-        assert W.walk_bytes(warps, stages, splits) <= 227 * 1024
+        warps, stages = kw["cfg"]
+        assert label == f"r{16 * warps}s{stages}"
+        assert stages * W.stage_bytes(warps) <= 227 * 1024
         for kind in ("pool", "contest"):
-            name = f"gdn_prefill_walk_w{warps}_s{stages}_{kind}" + ("" if splits == 1 else f"_k{splits}")
-            assert name.encode() + b"\x00" in c.cubin, label
+            assert f"gdn_prefill_walk_w{warps}_s{stages}_{kind}".encode() + b"\x00" in c.cubin, label
     for n in (1, 2, 8, 64, 256):
         for hv in (4, 8, 16, 32):
             assert W.config(n, hv) in W.KERNELS

@@ -146,10 +146,9 @@ __device__ __forceinline__ Checked check_sequence(const Args& A, const CU* cu, l
 }
 
 // A lane's state fragments S[j] (rows r and r + 8, columns 8 j + t0 + {0, 1}) to fp32 rows `stride` apart.
-template <int J = 16>
 __device__ __forceinline__ void store_rows(float* row, long long stride, int t0, const float (*S)[4]) {
 #pragma unroll
-    for (int j = 0; j < J; ++j) {
+    for (int j = 0; j < 16; ++j) {
         *reinterpret_cast<float2*>(row + 8 * j + t0) = make_float2(S[j][0], S[j][1]);
         *reinterpret_cast<float2*>(row + 8 * stride + 8 * j + t0) = make_float2(S[j][2], S[j][3]);
     }
@@ -167,14 +166,10 @@ __device__ __forceinline__ void segment_of(long long bos, long long eos, int p, 
     if (seos < sbos) seos = sbos;
 }
 
-template <int W, int NST, int KS, typename CU, bool SLOTS, bool CP>
+template <int W, int NST, typename CU, bool SLOTS, bool CP>
 __device__ __forceinline__ void walk(const Args& A) {
-    // KS key splits: KS warps share 16 state rows, each holding 128 / KS of the keys (KS = 2: twice the warps for
-    // a (sequence, head), each with half the chain's products; their partial S K^T, S Q^T summed through shared memory)
-    static_assert(KS == 1 || (KS == 2 && !CP), "a key split of 2, without CP");
-    constexpr int ROWS = 16 * W / KS;
+    constexpr int ROWS = 16 * W;
     constexpr int NVB = 128 / ROWS;
-    constexpr int NJ = 16 / KS, KSTEPS = 8 / KS;  // a lane's state fragments (8 keys each), 16-key steps
     constexpr int GROUPS = CP ? 2 * NVB : NVB;  // CP: NVB groups of value rows, then NVB of key rows
     constexpr int THREADS = 32 * W;
     static_assert(THREADS >= 64, "the matrices' copy takes a thread a chunk");
@@ -184,12 +179,9 @@ __device__ __forceinline__ void walk(const Args& A) {
     constexpr u32 OFF_K = 0, OFF_Q = OFF_K + 16 * KROW * 2, OFF_V = OFF_Q + 16 * KROW * 2;
     constexpr u32 OFF_TB = OFF_V + 16 * (ROWS + 8) * 2, OFF_P = OFF_TB + 16 * MROW * 2, OFF_FAC = OFF_P + 16 * MROW * 2;
     static_assert(sizeof(Stage<ROWS>) == OFF_FAC + 4 * 16 * 4, "Stage's fields are packed in this order");
-    // KS = 2: each warp's partial products, [warp][4][lane] float4 (conflict-free), after the stages
-    const u32 xch = st0 + NST * (u32)sizeof(Stage<ROWS>);
 
     const CU* cu = static_cast<const CU*>(A.cu);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int wr = warp / KS, kh = warp % KS;  // the warp's 16 rows within the block, its share of the keys
     const int i_g = blockIdx.x % GROUPS;
     const int i_h = (blockIdx.x / GROUPS) % A.hv;
     const long long i_seg = blockIdx.x / GROUPS / A.hv;
@@ -220,14 +212,14 @@ __device__ __forceinline__ void walk(const Args& A) {
     if (CP) segment_of(cu[i_n], cu[i_n + 1], p, A.P, bos, eos);
 
     const int vr = lane >> 2, t0 = (lane & 3) * 2;  // fragment row (V row) and first column (token / key)
-    const int row = v0 + wr * 16 + vr;              // this lane's first state row (a key row for `keys`)
-    float* srow = A.state + slot * A.s_slot + (long long)i_h * A.s_head + (long long)row * A.s_row + kh * 8 * NJ;
+    const int row = v0 + warp * 16 + vr;            // this lane's first state row (a key row for `keys`)
+    float* srow = A.state + slot * A.s_slot + (long long)i_h * A.s_head + (long long)row * A.s_row;
     // CP segments past the first: their rows of B (values) or A (keys), [N, P - 1, HV, 128, 128]
     const long long cp_row = (((i_n * (A.P - 1) + p - 1) * A.hv + i_h) * 128 + row) * 128;
-    float S[NJ][4];  // S[v, 8 (kh NJ + j) + t0 + {0, 1}] rows vr and vr + 8
+    float S[16][4];  // S[v, 8 j + t0 + {0, 1}] rows vr and vr + 8
     const bool read = p == 0 && (SLOTS ? A.init[i_n] != 0 : A.has_state != 0);
 #pragma unroll
-    for (int j = 0; j < NJ; ++j) {
+    for (int j = 0; j < 16; ++j) {
         float2 lo = make_float2(0.f, 0.f), hi = lo;
         if (read) {
             lo = *reinterpret_cast<const float2*>(srow + 8 * j + t0);
@@ -248,7 +240,7 @@ __device__ __forceinline__ void walk(const Args& A) {
     const int len = (int)(eos - bos);
     constexpr int KQ = 256 / THREADS;  // K / Q chunks a thread
     const int kr = tid >> 4, kc = (tid & 15) * 8;
-    const int vrow = tid / (ROWS / 8), vc = (tid % (ROWS / 8)) * 8;  // V: 16 rows x ROWS / 8 chunks, one a thread
+    const int vrow = tid / (2 * W), vc = (tid % (2 * W)) * 8;  // V: 16 rows x ROWS / 8 chunks = one a thread
     const bf16_t* kbase = A.k + bos * A.k_t + (long long)i_hk * A.k_h + kc;
     const bf16_t* qbase = A.q + bos * A.q_t + (long long)i_hk * A.q_h + kc;
     const bf16_t* vbase = A.v + bos * A.v_t + (long long)i_h * A.v_h + v0 + vc;
@@ -269,7 +261,7 @@ __device__ __forceinline__ void walk(const Args& A) {
             kp += kstep;
             qp += qstep;
         }
-        if (!keys && (KS == 1 || tid < 2 * ROWS)) {
+        if (!keys) {
             const bool vin = (unsigned)(rel + vrow) < (unsigned)len;
             cp_async16(s + dst_v, vin ? vbase + (long long)(rel + vrow) * A.v_t : vbase, vin);
         }
@@ -289,7 +281,7 @@ __device__ __forceinline__ void walk(const Args& A) {
     }
     const int mrow = ((lane >> 4) << 3) + (lane & 7), mcol = ((lane >> 3) & 1) << 3;  // ldmatrix x4 lane rows
     const int krow = (((lane >> 3) & 1) << 3) + (lane & 7), kcol = (lane >> 4) << 3;   // and transposed
-    const int vw = wr * 16 + vr;  // this lane's first V row within the block
+    const int vw = warp * 16 + vr;  // this lane's first V row within the block
     // this lane's ldmatrix rows within a stage: K / Q (B operands), transposed K, the two matrices
     const u32 lm_kq = (mrow * KROW + mcol) * 2, lm_kt = OFF_K + (krow * KROW + kcol) * 2;
     const u32 lm_tb = OFF_TB + (mrow * MROW + mcol) * 2, lm_p = OFF_P + (mrow * MROW + mcol) * 2;
@@ -321,46 +313,17 @@ __device__ __forceinline__ void walk(const Args& A) {
         // S K^T and S Q^T: the k-steps of 16 keys, K / Q rows as the B operand (ldmatrix, non-transposed)
         float xk[2][2][4] = {}, xq[2][2][4] = {};  // even and odd k-steps: two dependency chains each
 #pragma unroll
-        for (int kk = 0; kk < KSTEPS; ++kk) {
+        for (int kk = 0; kk < 8; ++kk) {
             const u32 a[4] = {pack_bf16(S[2 * kk][0], S[2 * kk][1]), pack_bf16(S[2 * kk][2], S[2 * kk][3]),
                               pack_bf16(S[2 * kk + 1][0], S[2 * kk + 1][1]),
                               pack_bf16(S[2 * kk + 1][2], S[2 * kk + 1][3])};
             u32 kb[4], qb[4];
-            ldmatrix_x4(kb, sa + OFF_K + lm_kq + (kh * KSTEPS + kk) * 32);
-            ldmatrix_x4(qb, sa + OFF_Q + lm_kq + (kh * KSTEPS + kk) * 32);
+            ldmatrix_x4(kb, sa + OFF_K + lm_kq + kk * 32);
+            ldmatrix_x4(qb, sa + OFF_Q + lm_kq + kk * 32);
             mma_bf16(xk[kk & 1][0], a, kb[0], kb[1]);
             mma_bf16(xk[kk & 1][1], a, kb[2], kb[3]);
             mma_bf16(xq[kk & 1][0], a, qb[0], qb[1]);
             mma_bf16(xq[kk & 1][1], a, qb[2], qb[3]);
-        }
-        if (KS == 2) {  // the partner warp's keys: its partial sums in, ours out; xk[0] and xq[0] hold the totals
-            const u32 out4 = xch + ((warp * 4) * 32 + lane) * 16, in4 = xch + (((warp ^ 1) * 4) * 32 + lane) * 16;
-#pragma unroll
-            for (int n = 0; n < 2; ++n) {
-                asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(out4 + n * 512),
-                             "f"(xk[0][n][0] + xk[1][n][0]), "f"(xk[0][n][1] + xk[1][n][1]),
-                             "f"(xk[0][n][2] + xk[1][n][2]), "f"(xk[0][n][3] + xk[1][n][3]) : "memory");
-                asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(out4 + (2 + n) * 512),
-                             "f"(xq[0][n][0] + xq[1][n][0]), "f"(xq[0][n][1] + xq[1][n][1]),
-                             "f"(xq[0][n][2] + xq[1][n][2]), "f"(xq[0][n][3] + xq[1][n][3]) : "memory");
-            }
-            asm volatile("bar.sync %0, 64;" ::"r"(1 + wr) : "memory");  // this pair of warps only
-#pragma unroll
-            for (int n = 0; n < 2; ++n) {
-                float4 pk, pq;
-                asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                             : "=f"(pk.x), "=f"(pk.y), "=f"(pk.z), "=f"(pk.w) : "r"(in4 + n * 512));
-                asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                             : "=f"(pq.x), "=f"(pq.y), "=f"(pq.z), "=f"(pq.w) : "r"(in4 + (2 + n) * 512));
-                const float k4[4] = {pk.x, pk.y, pk.z, pk.w}, q4[4] = {pq.x, pq.y, pq.z, pq.w};
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    xk[0][n][c] = xk[0][n][c] + xk[1][n][c] + k4[c];
-                    xq[0][n][c] = xq[0][n][c] + xq[1][n][c] + q4[c];
-                    xk[1][n][c] = 0.f;
-                    xq[1][n][c] = 0.f;
-                }
-            }
         }
         // X^T = V^T - (S K^T) diag(ak)
         float x[2][4];
@@ -391,22 +354,21 @@ __device__ __forceinline__ void walk(const Args& A) {
         mma_bf16(o[1], a, mb[2], mb[3]);
         bf16_t* ob = out + (b * 16 + t0) * out_t + vw;
 #pragma unroll
-        for (int n = 0; n < 2; ++n)  // KS = 2: each warp of the pair stores one 8-token half
+        for (int n = 0; n < 2; ++n)
 #pragma unroll
             for (int c = 0; c < 4; ++c)
-                if ((KS == 1 || n == kh) && in[n * 2 + (c & 1)])
-                    ob[(n * 8 + (c & 1)) * out_t + (c >> 1) * 8] = f_to_bf16(o[n][c]);
+                if (in[n * 2 + (c & 1)]) ob[(n * 8 + (c & 1)) * out_t + (c >> 1) * 8] = f_to_bf16(o[n][c]);
         // S = exp(G_end) S + (R^T diag(ek)) K: K rows as the B operand, transposed by ldmatrix
         as_a(a, r, ek);
 #pragma unroll
-        for (int np = 0; np < KSTEPS; ++np) {
+        for (int np = 0; np < 8; ++np) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 S[2 * np][c] *= eg;
                 S[2 * np + 1][c] *= eg;
             }
             u32 kb[4];
-            ldmatrix_x4_trans(kb, sa + lm_kt + (kh * KSTEPS + np) * 32);
+            ldmatrix_x4_trans(kb, sa + lm_kt + np * 32);
             mma_bf16(S[2 * np], a, kb[0], kb[1]);
             mma_bf16(S[2 * np + 1], a, kb[2], kb[3]);
         }
@@ -421,7 +383,7 @@ __device__ __forceinline__ void walk(const Args& A) {
         }
         return;
     }
-    store_rows<NJ>(p == 0 ? srow : A.bs + cp_row, p == 0 ? A.s_row : 128, t0, S);
+    store_rows(p == 0 ? srow : A.bs + cp_row, p == 0 ? A.s_row : 128, t0, S);
 }
 
 // ---- context parallel (CP): a sequence's segments walked at once, then put together ----
@@ -643,19 +605,16 @@ __device__ __forceinline__ void correct(const Args& A) {
 #define GDN_KERNEL_ARGS                                                                              \
     Args { q, k, v, mats, fac, state, slots, init, cu, out, T, N, num_slots, hv, hqk, has_state,     \
            q_t, q_h, k_t, k_h, v_t, v_h, s_slot, s_head, s_row, P, aux, bs, as }
-#define GDN_WALK_KERNEL(W, NST, KS, KIND, CU, SLOTS, CP, SUFFIX)                                         \
+#define GDN_WALK_KERNEL(W, NST, KIND, CU, SLOTS, CP, SUFFIX)                                             \
     extern "C" __global__ void __launch_bounds__(32 * W)                                                 \
         gdn_prefill_walk_w##W##_s##NST##_##KIND##SUFFIX(GDN_KERNEL_PARAMS(CU)) {                         \
-        walk<W, NST, KS, CU, SLOTS, CP>(GDN_KERNEL_ARGS);                                                \
+        walk<W, NST, CU, SLOTS, CP>(GDN_KERNEL_ARGS);                                                    \
     }
-#define GDN_WALK_KERNELS(W, NST)                                   \
-    GDN_WALK_KERNEL(W, NST, 1, pool, int, true, false, )           \
-    GDN_WALK_KERNEL(W, NST, 1, contest, long long, false, false, ) \
-    GDN_WALK_KERNEL(W, NST, 1, pool, int, true, true, _cp)         \
-    GDN_WALK_KERNEL(W, NST, 1, contest, long long, false, true, _cp)
-#define GDN_SPLIT_WALK_KERNELS(W, NST)                             \
-    GDN_WALK_KERNEL(W, NST, 2, pool, int, true, false, _k2)        \
-    GDN_WALK_KERNEL(W, NST, 2, contest, long long, false, false, _k2)
+#define GDN_WALK_KERNELS(W, NST)                                \
+    GDN_WALK_KERNEL(W, NST, pool, int, true, false, )           \
+    GDN_WALK_KERNEL(W, NST, contest, long long, false, false, ) \
+    GDN_WALK_KERNEL(W, NST, pool, int, true, true, _cp)         \
+    GDN_WALK_KERNEL(W, NST, contest, long long, false, true, _cp)
 #define GDN_CP_KERNELS(KIND, CU, SLOTS)                                                                   \
     extern "C" __global__ void __launch_bounds__(CHAIN_THREADS) gdn_prefill_cp_chain_##KIND(GDN_KERNEL_PARAMS(CU)) { \
         chain<CU, SLOTS>(GDN_KERNEL_ARGS);                                                                 \
@@ -668,8 +627,5 @@ __device__ __forceinline__ void correct(const Args& A) {
 // by more than 1%)
 GDN_WALK_KERNELS(2, 4)
 GDN_WALK_KERNELS(4, 4)
-GDN_SPLIT_WALK_KERNELS(2, 4)
-GDN_SPLIT_WALK_KERNELS(4, 4)
-GDN_SPLIT_WALK_KERNELS(8, 4)
 GDN_CP_KERNELS(pool, int, true)
 GDN_CP_KERNELS(contest, long long, false)

@@ -48,8 +48,8 @@ SIGNATURE = "p" * 10 + "liiiii" + "l" * 9 + "ippp"
 # (warps a block, pipeline stages) compiled in the .cu: 16 V rows a warp, blocks in flight. On the H200
 # grid (benchmarks/results/gdn-fused-grid-H200.txt) 32 rows won up to ~32 (sequence, head) pairs, 64
 # above; 16 and 128 rows never, 64 rows at 2 stages within 1% of 4 stages everywhere (all measured there)
-KERNELS = ((2, 4, 1), (4, 4, 1), (2, 4, 2), (4, 4, 2), (8, 4, 2))  # (warps, stages, key splits)
-LAUNCH_CONFIGS = {f"r{16 * w // ks}s{n}" + ("" if ks == 1 else f"k{ks}"): dict(cfg=(w, n, ks)) for w, n, ks in KERNELS}
+KERNELS = ((2, 4), (4, 4))
+LAUNCH_CONFIGS = {f"r{16 * w}s{n}": dict(cfg=(w, n)) for w, n in KERNELS}
 
 # Context parallel (`cuda_prefill_cp.p<P>`): each sequence's blocks in P segments walked at once, then a
 # chain over the segments and a correction of their outputs (the .cu's CP section); for few (sequence,
@@ -75,21 +75,14 @@ def stage_bytes(warps: int) -> int:
     return 2 * 16 * 136 * 2 + 16 * (16 * warps + 8) * 2 + 2 * 16 * 24 * 2 + 64 * 4
 
 
-def walk_bytes(warps: int, stages: int, splits: int) -> int:
-    """The walk's dynamic shared memory: its stages (16 V rows a pair of warps with a key split of 2),
-    and with a key split each warp's exchange of partial products (2 KiB)."""
-    return stages * stage_bytes(warps // splits) + (0 if splits == 1 else warps * 2048)
-
-
-def kernel(warps: int, stages: int, pooled: bool, cp: bool = False, splits: int = 1) -> nvrtc.Kernel:
-    kern = _kernels.get((warps, stages, pooled, cp, splits))
+def kernel(warps: int, stages: int, pooled: bool, cp: bool = False) -> nvrtc.Kernel:
+    kern = _kernels.get((warps, stages, pooled, cp))
     if kern is None:
-        if (warps, stages, splits) not in KERNELS:
-            raise ValueError(f"cuda_prefill_staged: no walk kernel of {warps} warps, {stages} stages and {splits} "
-                             f"key splits ({KERNELS})")
-        kind = ("pool" if pooled else "contest") + ("_cp" if cp else "") + ("" if splits == 1 else f"_k{splits}")
-        kern = _load(f"gdn_prefill_walk_w{warps}_s{stages}_{kind}", walk_bytes(warps, stages, splits))
-        _kernels[(warps, stages, pooled, cp, splits)] = kern
+        if (warps, stages) not in KERNELS:
+            raise ValueError(f"cuda_prefill_staged: no walk kernel of {warps} warps and {stages} stages ({KERNELS})")
+        kind = ("pool" if pooled else "contest") + ("_cp" if cp else "")
+        kern = _load(f"gdn_prefill_walk_w{warps}_s{stages}_{kind}", stages * stage_bytes(warps))
+        _kernels[(warps, stages, pooled, cp)] = kern
     return kern
 
 
@@ -116,9 +109,9 @@ def _load(name: str, shmem: int) -> nvrtc.Kernel:
     return kern
 
 
-def config(num_seqs: int, num_v_heads: int) -> tuple[int, int, int]:
-    """Default (warps a block, stages, key splits) of a direct call."""
-    return (2, 4, 1) if num_seqs * num_v_heads <= 32 else (4, 4, 1)
+def config(num_seqs: int, num_v_heads: int) -> tuple[int, int]:
+    """Default (warps a block, stages) of a direct call."""
+    return (2, 4) if num_seqs * num_v_heads <= 32 else (4, 4)
 
 
 def _aligned(x: torch.Tensor) -> torch.Tensor:
@@ -147,10 +140,9 @@ def _walk(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, raw_gat
               int(has_state), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
               ss[0], ss[1], ss[2])
     if not segments:
-        warps, stages, splits = cfg or config(N, HV)
-        kernel(warps, stages, pooled, splits=splits).launch(
-            N * HV * (DIM // (16 * warps // splits)), 32 * warps, *common, 1, None, None, None,
-            shmem=walk_bytes(warps, stages, splits), stream=stream)
+        warps, stages = cfg or config(N, HV)
+        kernel(warps, stages, pooled).launch(N * HV * (DIM // (16 * warps)), 32 * warps, *common, 1, None, None,
+                                             None, shmem=stages * stage_bytes(warps), stream=stream)
         return
     if segments < 2:
         raise ValueError(f"cuda_prefill_cp: at least 2 segments a sequence, got {segments}")
