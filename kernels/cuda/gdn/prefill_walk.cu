@@ -585,6 +585,191 @@ __device__ __forceinline__ void correct(const Args& A) {
     }
 }
 
+// ---- the first launch in CUDA (the engines' conventions: activated gates, q/k normalised here) ----
+// What prefill_staged.py's Triton `_chunk_algebra_kernel` computes, for the walk above: one warp a (16-token
+// block b of the packed batch, q/k head). Its K and Q rows (zeros past T) land in shared memory; K K^T and
+// Q K^T on mma.sync (fp32 accumulators, a lane's rows lane / 4 and + 8, columns 8 n + 2 (lane % 4) + {0, 1});
+// each row's inverse L2 norm from its squares. Then for each value head of the q/k head: the rows' gates,
+// the cumulative log decay G within each sequence piece of the block (pieces start where cu_seqlens has a
+// boundary inside the block), A = strictly lower (K K^T diag-scaled by the norms, beta_i, exp(G_i - G_j)) of
+// pairs in one piece, T = (I + A)^-1 by forward substitution (a lane a column), and the walk's inputs:
+// TB = T diag(beta) and P (bf16 [16, 16] each at mats + (b HV + h) 512) and the factors (fp32 [4, 16] at
+// fac + (b HV + h) 64): Gamma rk, scale Gamma rq, exp(G_end - G) rk, exp(G_end); zero past T.
+// cu_seqlens is only scanned for boundaries: a malformed batch gives values the walk never reads (it
+// checks cu_seqlens itself). Grid (blocks, HQK), 32 threads; HV / HQK <= ALG_HEADS.
+#define ALG_ROW 136   // bf16 a K / Q row in shared memory, as KROW
+#define ALG_HEADS 4   // value heads a q/k head at most (2 in every definition here)
+
+extern "C" __global__ void __launch_bounds__(32) gdn_prefill_algebra_pool(
+    const bf16_t* q, const bf16_t* k, const float* g, const float* beta, const int* cu, bf16_t* mats, float* fac,
+    float scale, long long T, int N, int hv, int hqk, long long q_t, long long q_h, long long k_t, long long k_h,
+    long long g_t, long long b_t) {
+    __shared__ __align__(128) bf16_t kq[2][16][ALG_ROW];  // K rows, Q rows
+    __shared__ float am[16][17];                          // A (fp32), read row by row by every lane
+    const int lane = threadIdx.x;
+    const long long r0 = (long long)blockIdx.x * 16;
+    const int hk = blockIdx.y;
+    const u32 s0 = smem_addr(kq);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {  // 16 rows x 16 chunks each of K and Q, 8 chunks a lane each
+        const int e = lane + 32 * i, r = e >> 4, c = (e & 15) * 8;
+        const bool in = r0 + r < T;
+        const long long row = in ? r0 + r : 0;
+        cp_async16(s0 + (r * ALG_ROW + c) * 2, k + row * k_t + hk * k_h + c, in);
+        cp_async16(s0 + ((16 + r) * ALG_ROW + c) * 2, q + row * q_t + hk * q_h + c, in);
+    }
+    cp_async_commit();
+    // row t = lane % 16's gates of every value head, in flight with the rows (lanes 16-31 again)
+    const int t = lane & 15, vph = hv / hqk;
+    const bool vt = r0 + t < T;
+    float gts[ALG_HEADS], bts[ALG_HEADS];
+#pragma unroll
+    for (int x = 0; x < ALG_HEADS; ++x) {
+        const bool load = vt && x < vph;
+        gts[x] = load ? g[(r0 + t) * g_t + hk * vph + x] : 0.f;
+        bts[x] = load ? beta[(r0 + t) * b_t + hk * vph + x] : 0.f;
+    }
+    // sequence starts inside the block (bit t: a sequence starts at row t, 0 < t < 16)
+    unsigned starts = 0;
+    for (int j = lane; j <= N; j += 32) {
+        const long long t = (long long)cu[j] - r0;
+        if (t > 0 && t < 16) starts |= 1u << t;
+    }
+    starts = __reduce_or_sync(0xffffffffu, starts);
+    cp_async_wait<0>();
+    __syncwarp();
+
+    // inverse norms: lanes 2 r and 2 r + 1 sum row r's squares, half a row each
+    float sk = 0.f, sq = 0.f;
+    {
+        const bf16_t* kr = &kq[0][lane >> 1][(lane & 1) * 64];
+        const bf16_t* qr = &kq[1][lane >> 1][(lane & 1) * 64];
+#pragma unroll
+        for (int c = 0; c < 64; c += 8) {
+            const uint4 kv = *reinterpret_cast<const uint4*>(kr + c), qv = *reinterpret_cast<const uint4*>(qr + c);
+            const u32 kw[4] = {kv.x, kv.y, kv.z, kv.w}, qw[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const float k0 = __uint_as_float(kw[w] << 16), k1 = __uint_as_float(kw[w] & 0xffff0000u);
+                const float q0 = __uint_as_float(qw[w] << 16), q1 = __uint_as_float(qw[w] & 0xffff0000u);
+                sk = fmaf(k0, k0, fmaf(k1, k1, sk));
+                sq = fmaf(q0, q0, fmaf(q1, q1, sq));
+            }
+        }
+        sk += __shfl_xor_sync(0xffffffffu, sk, 1);
+        sq += __shfl_xor_sync(0xffffffffu, sq, 1);
+    }
+    const float rk_own = rsqrtf(sk + 1e-6f), rq_own = rsqrtf(sq + 1e-6f);  // of row lane / 2
+
+    // K K^T and Q K^T: K / Q rows as the A operand, K rows as the B operand (as the walk's S K^T)
+    float kk[2][4] = {}, qk[2][4] = {};
+    {
+        const int mrow = ((lane >> 4) << 3) + (lane & 7), mcol = ((lane >> 3) & 1) << 3;
+        const u32 la = ((lane & 15) * ALG_ROW + (lane >> 4) * 8) * 2, lb = (mrow * ALG_ROW + mcol) * 2;
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            u32 ak[4], aq[4], kb[4];
+            ldmatrix_x4(ak, s0 + la + s * 32);
+            ldmatrix_x4(aq, s0 + 16 * ALG_ROW * 2 + la + s * 32);
+            ldmatrix_x4(kb, s0 + lb + s * 32);
+            mma_bf16(kk[0], ak, kb[0], kb[1]);
+            mma_bf16(kk[1], ak, kb[2], kb[3]);
+            mma_bf16(qk[0], aq, kb[0], kb[1]);
+            mma_bf16(qk[1], aq, kb[2], kb[3]);
+        }
+    }
+
+    // this lane's fragment rows (i0, i0 + 8) and columns (8 n + jc + e), with their norms and pieces
+    const int i0 = lane >> 2, jc = (lane & 3) * 2;
+    auto piece = [&](int r) { return __popc(starts & ((2u << r) - 1u)); };
+    float rk_i[2], rq_i[2], rk_j[4];
+    int pi[2], pj[4];
+    bool vi[2], vj[4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = i0 + 8 * h;
+        rk_i[h] = __shfl_sync(0xffffffffu, rk_own, 2 * r);
+        rq_i[h] = __shfl_sync(0xffffffffu, rq_own, 2 * r);
+        pi[h] = piece(r);
+        vi[h] = r0 + r < T;
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const int j = 8 * (c >> 1) + jc + (c & 1);
+        rk_j[c] = __shfl_sync(0xffffffffu, rk_own, 2 * j);
+        pj[c] = piece(j);
+        vj[c] = r0 + j < T;
+    }
+    // lanes 0-15 (and 16-31 again): row t's decays and factors
+    const int pt = piece(t);
+    const unsigned later = starts & ~((2u << t) - 1u);
+    const int last = later ? __ffs(later) - 2 : 15;  // the last row of t's piece in the block
+    const float rk_t = __shfl_sync(0xffffffffu, rk_own, 2 * t), rq_t = __shfl_sync(0xffffffffu, rq_own, 2 * t);
+
+#pragma unroll
+    for (int hh = 0; hh < ALG_HEADS; ++hh) {
+        if (hh >= vph) break;
+        const int h = hk * vph + hh;
+        const float bt = bts[hh];
+        float G = gts[hh];  // inclusive scan within the piece
+#pragma unroll
+        for (int d = 1; d < 16; d <<= 1) {
+            const float o = __shfl_up_sync(0xffffffffu, G, d);
+            if (t >= d && piece(t - d) == pt) G += o;
+        }
+        const float G_end = __shfl_sync(0xffffffffu, G, last);
+        float* f = fac + ((long long)blockIdx.x * hv + h) * 64 + t;
+        if (lane < 16) {
+            const float gam = expf(G);
+            f[0] = vt ? gam * rk_t : 0.f;
+            f[16] = vt ? scale * gam * rq_t : 0.f;
+            f[32] = vt ? expf(G_end - G) * rk_t : 0.f;
+            f[48] = vt ? expf(G_end) : 0.f;
+        }
+        float Gi[2], bi[2], Gj[4];
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            Gi[x] = __shfl_sync(0xffffffffu, G, i0 + 8 * x);
+            bi[x] = __shfl_sync(0xffffffffu, bt, i0 + 8 * x);
+        }
+#pragma unroll
+        for (int c = 0; c < 4; ++c) Gj[c] = __shfl_sync(0xffffffffu, G, 8 * (c >> 1) + jc + (c & 1));
+        bf16_t* mat = mats + ((long long)blockIdx.x * hv + h) * 512;
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {  // rows i0 + 8 x, columns 8 n + jc + {0, 1}
+                const int i = i0 + 8 * x;
+                float a2[2], p2[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int c = 2 * n + e, j = 8 * n + jc + e;
+                    const bool same = vi[x] && vj[c] && pi[x] == pj[c] && j <= i;
+                    const float dec = same ? expf(Gi[x] - Gj[c]) : 0.f;
+                    a2[e] = j < i ? kk[n][2 * x + e] * rk_i[x] * rk_j[c] * bi[x] * dec : 0.f;
+                    p2[e] = qk[n][2 * x + e] * scale * rq_i[x] * rk_j[c] * dec;
+                    am[i][j] = a2[e];
+                }
+                *reinterpret_cast<u32*>(mat + 256 + i * 16 + 8 * n + jc) = pack_bf16(p2[0], p2[1]);
+            }
+        __syncwarp();
+        // T = (I + A)^-1, unit lower: lane j (< 16) walks column j down the rows
+        float col[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            float s[2] = {0.f, 0.f};  // two dependency chains
+#pragma unroll
+            for (int kx = 0; kx < i; ++kx) s[kx & 1] = fmaf(am[i][kx], col[kx], s[kx & 1]);
+            col[i] = i == t ? 1.f : (i > t ? -(s[0] + s[1]) : 0.f);
+        }
+        if (lane < 16) {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) mat[i * 16 + t] = f_to_bf16(col[i] * bt);
+        }
+        __syncwarp();  // every lane done with A before the next head writes it
+    }
+}
+
 // Kernels. Parameters, all of them: q k v mats fac state slots init cu_seqlens out, T, N, num_slots, HV,
 // HQK, has_state, the six q/k/v token and head strides, the state's slot, head and row strides
 // (elements), then P aux bs as (CP: segments a sequence, o~ [T, HV, 128] bf16, B and S_p

@@ -1,7 +1,11 @@
-"""GDN prefill, staged, with the walk on mma.sync (`cuda_prefill_staged`): the Triton first launch of
-kernels/triton/gdn/prefill_staged.py (every 16-token block's T diag(beta), P and per-token factors at
-once), then prefill_walk.cu, each sequence's blocks in order with the state in registers; the .cu has
-the transposed algebra that keeps the state and every intermediate in mma accumulator fragments.
+"""GDN prefill, staged, with the walk on mma.sync (`cuda_prefill_staged`): a first launch computing every
+16-token block's T diag(beta), P and per-token factors at once, then prefill_walk.cu's walk, each
+sequence's blocks in order with the state in registers; the .cu has the transposed algebra that keeps the
+state and every intermediate in mma accumulator fragments. The first launch is the .cu's own for the
+engines' conventions (activated gates; `algebra`: one warp a block and q/k head, its products on mma.sync,
+the inverse by substitution; 0.93-0.99x the variant's time with the Triton one of
+kernels/triton/gdn/prefill_staged.py, its own time 0.72-0.91x, benchmarks/results/algebra-cuda-ab-H200.txt)
+and that Triton one for the contest's raw gates.
 
 Definitions as the Triton staged kernel: gdn_prefill (the contest's), gdn_prefill_pool_* and
 gdn_prefill_gathered_*. Configurations `r<rows>s<stages>`: V rows a block (16 a warp; fewer rows a
@@ -67,6 +71,9 @@ CORRECT_BYTES = CORRECT_BLOCKS * (16 * 136 * 2 + 16 * (16 * CORRECT_WARPS + 8) *
 CP_MAX_PAIRS, CP_MIN_TOKENS = 16, 1024
 
 _kernels: dict[tuple, nvrtc.Kernel] = {}
+# the first launch's: q k g beta cu_seqlens mats fac, scale, T, N HV HQK, the q / k token and head strides,
+# the gates' token strides
+ALGEBRA_SIGNATURE = "p" * 7 + "f" + "l" + "iii" + "l" * 6
 
 
 def stage_bytes(warps: int) -> int:
@@ -94,6 +101,26 @@ def cp_kernel(part: str, pooled: bool) -> nvrtc.Kernel:
                      CHAIN_BYTES if part == "chain" else CORRECT_BYTES)
         _kernels[(part, pooled)] = kern
     return kern
+
+
+def algebra(q, k, g, beta, cu_seqlens, HV: int, scale: float):
+    """The first launch of the engines' conventions (activated gates, q/k normalised in it) in CUDA, the
+    .cu's gdn_prefill_algebra_pool: (matrices, factors) as prefill_staged.py's chunk_algebra."""
+    T, HQK = q.shape[0], q.shape[1]
+    N = cu_seqlens.shape[0] - 1
+    g = g if g.stride(-1) == 1 else g.contiguous()
+    beta = beta if beta.stride(-1) == 1 else beta.contiguous()
+    blocks = -(-T // 16)
+    mats = torch.empty(max(blocks, 1) * HV * 512, device=q.device, dtype=torch.bfloat16)
+    factors = torch.empty(max(blocks, 1) * HV * 64, dtype=torch.float32, device=q.device)
+    if blocks:
+        kern = _kernels.get("algebra")
+        if kern is None:
+            kern = _kernels["algebra"] = nvrtc.load_kernel(CU, "gdn_prefill_algebra_pool", signature=ALGEBRA_SIGNATURE)
+        kern.launch((blocks, HQK), 32, q, k, g, beta, cu_seqlens, mats, factors, float(scale), T, N, HV, HQK,
+                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), beta.stride(0),
+                    stream=nvrtc.current_stream(q.get_device()))
+    return mats, factors
 
 
 def correct_chunks(T: int, segments: int) -> int:
@@ -133,7 +160,10 @@ def _walk(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, raw_gat
         raise ValueError("cuda_prefill_staged: the state needs 8-byte aligned slots, heads and rows")
     if out.stride() != (out.shape[1] * DIM, DIM, 1) or out.data_ptr() % 16:
         raise ValueError("cuda_prefill_staged: out must be contiguous and 16-byte aligned")
-    mats, factors = chunk_algebra(q, k, gates, cu_seqlens, HV, scale, raw_gates=raw_gates, norm=norm)
+    if raw_gates:  # the contest's: its gates activated in the Triton first launch
+        mats, factors = chunk_algebra(q, k, gates, cu_seqlens, HV, scale, raw_gates=True, norm=norm)
+    else:
+        mats, factors = algebra(q, k, gates[0], gates[1], cu_seqlens, HV, scale)
     pooled = slots is not None
     stream = nvrtc.current_stream(q.get_device())
     common = (q, k, v, mats, factors, state, slots, init, cu_seqlens, out, T, N, state.shape[0], HV, HQK,
