@@ -1,10 +1,10 @@
 """Where `cuda_prefill_staged`'s eager host time goes, part by part, on the GPU machine: each part of
 the call timed alone as benchmarks/hosttime.py times a call (until it returns, the device idle
 before each), without cProfile's inflation. Parts: the whole registered call, the input checks and
-alignment (`_aligned`, strides), the first launch with its two buffers (`chunk_algebra`), those two
-buffers alone, the first launch's `launch()` alone and, within it, the specialisation key it computes
-and the compiled kernel's own `run` (Triton's launcher), and the walk's launch alone (its buffers made
-once).
+alignment (`_aligned`, strides), the first launch with its two buffers (`algebra`, in CUDA for the
+engines' conventions since 2026-12-02; the Triton `chunk_algebra` before, which
+benchmarks/results/staged-host-parts-H200.txt timed), those two buffers alone, the first launch's NVRTC
+launch alone, and the walk's launch alone (its buffers made once).
 
     python benchmarks/staged_host_parts.py [--shape total_seq_len=8,num_seqs=1,num_slots=2 ...]
         [--definition gdn_prefill_pool_qk4_v8] [--json out.json]
@@ -25,8 +25,6 @@ import torch  # noqa: E402
 from hosttime import host_us, write_rows  # noqa: E402
 from kdispatch import definitions, registry, workloads  # noqa: E402
 from kdispatch.kernels.cuda.gdn import prefill_walk as pw  # noqa: E402
-from kdispatch.kernels.triton import launch as tl_launch  # noqa: E402
-from kdispatch.kernels.triton.gdn import prefill_staged as ps  # noqa: E402
 from variant_host import axes_of, parse_shape  # noqa: E402
 
 VARIANT = "cuda_prefill_staged.r64s4"
@@ -38,8 +36,9 @@ def parts(args: tuple) -> dict:
     hv, n = v.shape[1], cu.shape[0] - 1
     scale = pw._resolve_scale(scale, pw.DIM)
     warps, stages = pw.LAUNCH_CONFIGS[VARIANT.split(".")[1]]["cfg"]
-    mats, factors = ps.chunk_algebra(q, k, (g, beta, None, None), cu, hv, scale, raw_gates=False, norm=True)
+    mats, factors = pw.algebra(q, k, g, beta, cu, hv, scale)
     kern = pw.kernel(warps, stages, True)
+    first = pw._kernels["algebra"]
     ss = pool.stride()
 
     def checks():
@@ -48,20 +47,10 @@ def parts(args: tuple) -> dict:
         _ = s[-1] != 1 or (s[0] | s[1] | s[2]) & 1 or pool.data_ptr() % 8
         _ = out.stride() != (out.shape[1] * pw.DIM, pw.DIM, 1) or out.data_ptr() % 16
 
-    # the first launch's arguments as chunk_algebra passes them (pool convention: activated gates)
-    first = (q, k, g, beta, g, g, cu, mats, factors, scale, q.shape[0], n, q.stride(0), q.stride(1), k.stride(0),
-             k.stride(1), g.stride(0), beta.stride(0), hv, q.shape[1], ps.CHUNK, ps.CHUNK.bit_length() - 1, True,
-             False, ps.CU_BLOCK, False, ps.TRI_PRECISION)
-    grid = (-(-q.shape[0] // ps.CHUNK), q.shape[1])
-    runtime, specialised = tl_launch._plan(ps._chunk_algebra_kernel)
-    device = tl_launch.driver.active.get_current_device()
-    compiled = tl_launch._COMPILED[(ps._chunk_algebra_kernel, device, ps.ALGEBRA_WARPS, 2, first[runtime:],
-                                    tl_launch._specialisation(first[:runtime], specialised))]
-    stream = tl_launch.driver.active.get_current_stream(device)
-
-    def triton_run():
-        compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                     *first)
+    def first_launch():
+        first.launch((-(-q.shape[0] // 16), q.shape[1]), 32, q, k, g, beta, cu, mats, factors, float(scale),
+                     q.shape[0], n, hv, q.shape[1], q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0),
+                     beta.stride(0), stream=pw.nvrtc.current_stream(q.get_device()))
 
     def buffers():
         torch.empty(mats.numel(), device=q.device, dtype=mats.dtype)
@@ -74,12 +63,8 @@ def parts(args: tuple) -> dict:
                     shmem=stages * pw.stage_bytes(warps), stream=pw.nvrtc.current_stream(q.get_device()))
 
     return {"checks": (checks, ()), "two buffers": (buffers, ()),
-            "first launch (chunk_algebra)": (lambda: ps.chunk_algebra(q, k, (g, beta, None, None), cu, hv, scale,
-                                                                      raw_gates=False, norm=True), ()),
-            "  its launch()": (lambda: tl_launch.launch(ps._chunk_algebra_kernel, grid, *first,
-                                                        num_warps=ps.ALGEBRA_WARPS, num_stages=2), ()),
-            "    specialisation key": (tl_launch._specialisation, (first[:runtime], specialised)),
-            "    Triton's launcher (compiled.run)": (triton_run, ()),
+            "first launch (algebra)": (lambda: pw.algebra(q, k, g, beta, cu, hv, scale), ()),
+            "  its NVRTC launch": (first_launch, ()),
             "walk launch": (walk_launch, ())}
 
 

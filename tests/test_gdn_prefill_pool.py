@@ -127,3 +127,16 @@ def test_context_parallel_is_offered_only_to_few_long_sequences():
         assert v.declines({"num_seqs": most, "total_seq_len": pw.CP_MIN_TOKENS}) is None
         assert "pairs" in v.declines({"num_seqs": most + 1, "total_seq_len": 10 * pw.CP_MIN_TOKENS})
         assert "tokens" in v.declines({"num_seqs": 1, "total_seq_len": pw.CP_MIN_TOKENS - 1})
+
+
+def test_cuda_first_launch_refuses_head_ratios_it_cannot_hold():
+    """The CUDA first launch keeps at most ALGEBRA_HEADS value heads a q/k head in registers: more (or a
+    ratio that does not divide) is refused before any launch rather than leaving heads uncomputed."""
+    from kdispatch.kernels.cuda.gdn import prefill_walk as pw
+
+    T, cu = 16, torch.tensor([0, 16], dtype=torch.int32)
+    for hq, hv in ((1, pw.ALGEBRA_HEADS + 1), (2, 3)):
+        q = torch.zeros(T, hq, 128, dtype=torch.bfloat16)
+        gates = torch.zeros(T, hv)
+        with pytest.raises(ValueError, match="value heads over"):
+            pw.algebra(q, q, gates, gates, cu, hv, 0.088)

@@ -72,8 +72,9 @@ CP_MAX_PAIRS, CP_MIN_TOKENS = 16, 1024
 
 _kernels: dict[tuple, nvrtc.Kernel] = {}
 # the first launch's: q k g beta cu_seqlens mats fac, scale, T, N HV HQK, the q / k token and head strides,
-# the gates' token strides
+# the gates' token strides; value heads a q/k head it takes at most (the .cu's ALG_HEADS)
 ALGEBRA_SIGNATURE = "p" * 7 + "f" + "l" + "iii" + "l" * 6
+ALGEBRA_HEADS = 4
 
 
 def stage_bytes(warps: int) -> int:
@@ -108,6 +109,8 @@ def algebra(q, k, g, beta, cu_seqlens, HV: int, scale: float):
     .cu's gdn_prefill_algebra_pool: (matrices, factors) as prefill_staged.py's chunk_algebra."""
     T, HQK = q.shape[0], q.shape[1]
     N = cu_seqlens.shape[0] - 1
+    if HV % HQK or HV // HQK > ALGEBRA_HEADS:
+        raise ValueError(f"cuda_prefill_staged: {HV} value heads over {HQK} q/k heads (at most {ALGEBRA_HEADS} a q/k head)")
     g = g if g.stride(-1) == 1 else g.contiguous()
     beta = beta if beta.stride(-1) == 1 else beta.contiguous()
     blocks = -(-T // 16)
@@ -149,7 +152,7 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _walk(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, raw_gates, norm, has_state, cfg,
+def _walk(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, raw_gates, has_state, cfg,
           segments=None):
     T, HQK, HV, N = q.shape[0], q.shape[1], v.shape[1], cu_seqlens.shape[0] - 1
     if N <= 0:
@@ -160,8 +163,8 @@ def _walk(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, raw_gat
         raise ValueError("cuda_prefill_staged: the state needs 8-byte aligned slots, heads and rows")
     if out.stride() != (out.shape[1] * DIM, DIM, 1) or out.data_ptr() % 16:
         raise ValueError("cuda_prefill_staged: out must be contiguous and 16-byte aligned")
-    if raw_gates:  # the contest's: its gates activated in the Triton first launch
-        mats, factors = chunk_algebra(q, k, gates, cu_seqlens, HV, scale, raw_gates=True, norm=norm)
+    if raw_gates:  # the contest's (q/k come normalised): its gates activated in the Triton first launch
+        mats, factors = chunk_algebra(q, k, gates, cu_seqlens, HV, scale, raw_gates=True, norm=False)
     else:
         mats, factors = algebra(q, k, gates[0], gates[1], cu_seqlens, HV, scale)
     pooled = slots is not None
@@ -194,7 +197,7 @@ def gdn_prefill_pool_walk(q, k, v, g, beta, state_pool, state_indices, has_initi
     if has_initial_state.dtype != torch.bool or state_indices.dtype != torch.int32 or cu_seqlens.dtype != torch.int32:
         raise ValueError("cuda_prefill_staged: int32 state_indices and cu_seqlens, bool has_initial_state")
     _walk(q, k, v, (g, beta, None, None), state_pool, state_indices, has_initial_state, cu_seqlens, out,
-          _resolve_scale(scale, DIM), raw_gates=False, norm=True, has_state=True, cfg=cfg, segments=segments)
+          _resolve_scale(scale, DIM), raw_gates=False, has_state=True, cfg=cfg, segments=segments)
     return out, state_pool
 
 
@@ -210,7 +213,7 @@ def gdn_prefill_walk(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, cf
     if cu_seqlens.dtype != torch.int64:
         cu_seqlens = cu_seqlens.to(torch.int64)
     _walk(q, k, v, (a, b, A_log.contiguous(), dt_bias.contiguous()), state, None, None, cu_seqlens, out,
-          _resolve_scale(scale, DIM), raw_gates=True, norm=False, has_state=given, cfg=cfg, segments=segments)
+          _resolve_scale(scale, DIM), raw_gates=True, has_state=given, cfg=cfg, segments=segments)
     return out, state
 
 
