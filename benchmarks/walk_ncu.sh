@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Nsight Compute over the staged prefill (cuda_prefill_staged.r64s4): by default its walk
 # (kernels/cuda/gdn/prefill_walk.cu) at two pool-prefill shapes where the pool prefills fall short of
-# issue 18's 2x; KERNEL=<regex> profiles another of its launches (KERNEL=_chunk_algebra_kernel: the
-# Triton first launch), and "definition axes" argument pairs replace the shapes. Speed of light, compute
+# issue 18's 2x; KERNEL=<regex> profiles another of its launches (KERNEL=gdn_prefill_algebra_pool: the
+# first launch of the pool and gathered prefills; _chunk_algebra_kernel: the contest's, Triton), and
+# "definition axes" argument pairs replace the shapes. Speed of light, compute
 # and memory workload, scheduler and warp states (with where the stalls sample, SourceCounters),
 # instruction counts, occupancy (which resource caps the resident blocks). On the GPU machine, from the
 # project root, after `. benchmarks/gpu_env.sh`:
 #
 #   bash benchmarks/walk_ncu.sh > walk-ncu-H200.txt
-#   KERNEL=_chunk_algebra_kernel bash benchmarks/walk_ncu.sh gdn_prefill_pool_qk16_v32 total_seq_len=512,num_seqs=4,num_slots=5
+#   KERNEL=gdn_prefill_algebra_pool bash benchmarks/walk_ncu.sh gdn_prefill_pool_qk16_v32 total_seq_len=512,num_seqs=4,num_slots=5
 #
 # Each shape runs in its own process: the variant twice (the first compiles), the second launch profiled.
 set -u
