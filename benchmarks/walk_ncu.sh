@@ -2,7 +2,7 @@
 # Nsight Compute over the staged prefill (cuda_prefill_staged.r64s4): by default its walk
 # (kernels/cuda/gdn/prefill_walk.cu) at two pool-prefill shapes where the pool prefills fall short of
 # issue 18's 2x; KERNEL=<regex> profiles another of its launches (KERNEL=gdn_prefill_algebra_pool: the
-# first launch of the pool and gathered prefills; _chunk_algebra_kernel: the contest's, Triton), and
+# first launch of the pool and gathered prefills; gdn_prefill_algebra_contest: the contest's), and
 # "definition axes" argument pairs replace the shapes. Speed of light, compute
 # and memory workload, scheduler and warp states (with where the stalls sample, SourceCounters),
 # instruction counts, occupancy (which resource caps the resident blocks). On the GPU machine, from the

@@ -139,4 +139,4 @@ def test_cuda_first_launch_refuses_head_ratios_it_cannot_hold():
         q = torch.zeros(T, hq, 128, dtype=torch.bfloat16)
         gates = torch.zeros(T, hv)
         with pytest.raises(ValueError, match="value heads over"):
-            pw.algebra(q, q, gates, gates, cu, hv, 0.088)
+            pw.algebra(q, q, (gates, gates, None, None), cu, hv, 0.088, contest=False)

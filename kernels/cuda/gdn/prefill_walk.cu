@@ -585,27 +585,50 @@ __device__ __forceinline__ void correct(const Args& A) {
     }
 }
 
-// ---- the first launch in CUDA (the engines' conventions: activated gates, q/k normalised here) ----
+// ---- the first launch in CUDA ----
 // What prefill_staged.py's Triton `_chunk_algebra_kernel` computes, for the walk above: one warp a (16-token
 // block b of the packed batch, q/k head). Its K and Q rows (zeros past T) land in shared memory; K K^T and
 // Q K^T on mma.sync (fp32 accumulators, a lane's rows lane / 4 and + 8, columns 8 n + 2 (lane % 4) + {0, 1});
-// each row's inverse L2 norm from its squares. Then for each value head of the q/k head: the rows' gates,
-// the cumulative log decay G within each sequence piece of the block (pieces start where cu_seqlens has a
-// boundary inside the block), A = strictly lower (K K^T diag-scaled by the norms, beta_i, exp(G_i - G_j)) of
-// pairs in one piece, T = (I + A)^-1 by forward substitution (a lane a column), and the walk's inputs:
+// for the engines' conventions each row's inverse L2 norm from its squares (the contest's q/k come
+// normalised). Then for the value heads of the q/k head, two at a time (lanes 0-15 the even one of a pair,
+// 16-31 the odd one, lane % 16 = row t): the rows' gates (the engines' activated g and beta; the contest's
+// raw a, b activated here: g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)), the cumulative log
+// decay G within each sequence piece of the block (pieces start where cu_seqlens has a boundary inside the
+// block), A = strictly lower (K K^T diag-scaled by the norms, beta_i, exp(G_i - G_j)) of pairs in one
+// piece, T = (I + A)^-1 by forward substitution (a lane a column of its head), and the walk's inputs:
 // TB = T diag(beta) and P (bf16 [16, 16] each at mats + (b HV + h) 512) and the factors (fp32 [4, 16] at
 // fac + (b HV + h) 64): Gamma rk, scale Gamma rq, exp(G_end - G) rk, exp(G_end); zero past T.
 // cu_seqlens is only scanned for boundaries: a malformed batch gives values the walk never reads (it
 // checks cu_seqlens itself). Grid (blocks, HQK), 32 threads; HV / HQK <= ALG_HEADS.
 #define ALG_ROW 136   // bf16 a K / Q row in shared memory, as KROW
 #define ALG_HEADS 4   // value heads a q/k head at most (2 in every definition here)
+#define ALG_PAIRS (ALG_HEADS / 2)
 
-extern "C" __global__ void __launch_bounds__(32) gdn_prefill_algebra_pool(
-    const bf16_t* q, const bf16_t* k, const float* g, const float* beta, const int* cu, bf16_t* mats, float* fac,
-    float scale, long long T, int N, int hv, int hqk, long long q_t, long long q_h, long long k_t, long long k_h,
-    long long g_t, long long b_t) {
+// Row t's log decay g and write strength beta of value head h (zeros past T).
+template <bool CONTEST>
+__device__ __forceinline__ void gate_values(const void* g, const void* beta, const float* A_log, const float* dt_bias,
+                                            long long t, long long g_t, long long b_t, int h, bool in, float& gv,
+                                            float& bv) {
+    gv = bv = 0.f;
+    if (!in) return;
+    if (CONTEST) {
+        const float x = bf16_to_f(static_cast<const bf16_t*>(g)[t * g_t + h]) + dt_bias[h];
+        const float softplus = x > 20.f ? x : log1pf(expf(x));  // torch's softplus (threshold 20)
+        gv = -expf(A_log[h]) * softplus;
+        bv = 1.f / (1.f + expf(-bf16_to_f(static_cast<const bf16_t*>(beta)[t * b_t + h])));
+    } else {
+        gv = static_cast<const float*>(g)[t * g_t + h];
+        bv = static_cast<const float*>(beta)[t * b_t + h];
+    }
+}
+
+template <bool CONTEST, typename CU>
+__device__ __forceinline__ void algebra(const bf16_t* q, const bf16_t* k, const void* g, const void* beta,
+                                        const float* A_log, const float* dt_bias, const CU* cu, bf16_t* mats,
+                                        float* fac, float scale, long long T, int N, int hv, int hqk, long long q_t,
+                                        long long q_h, long long k_t, long long k_h, long long g_t, long long b_t) {
     __shared__ __align__(128) bf16_t kq[2][16][ALG_ROW];  // K rows, Q rows
-    __shared__ float am[16][17];                          // A (fp32), read row by row by every lane
+    __shared__ float am[2][16][17];                       // A (fp32) of a pair's two heads, read row by row
     const int lane = threadIdx.x;
     const long long r0 = (long long)blockIdx.x * 16;
     const int hk = blockIdx.y;
@@ -619,29 +642,28 @@ extern "C" __global__ void __launch_bounds__(32) gdn_prefill_algebra_pool(
         cp_async16(s0 + ((16 + r) * ALG_ROW + c) * 2, q + row * q_t + hk * q_h + c, in);
     }
     cp_async_commit();
-    // row t = lane % 16's gates of every value head, in flight with the rows (lanes 16-31 again)
-    const int t = lane & 15, vph = hv / hqk;
+    // row t's gates of this lane's heads (half hf: heads hf, hf + 2), in flight with the rows
+    const int t = lane & 15, hf = lane >> 4, vph = hv / hqk;
     const bool vt = r0 + t < T;
-    float gts[ALG_HEADS], bts[ALG_HEADS];
+    float gts[ALG_PAIRS], bts[ALG_PAIRS];
 #pragma unroll
-    for (int x = 0; x < ALG_HEADS; ++x) {
-        const bool load = vt && x < vph;
-        gts[x] = load ? g[(r0 + t) * g_t + hk * vph + x] : 0.f;
-        bts[x] = load ? beta[(r0 + t) * b_t + hk * vph + x] : 0.f;
-    }
+    for (int x = 0; x < ALG_PAIRS; ++x)
+        gate_values<CONTEST>(g, beta, A_log, dt_bias, r0 + t, g_t, b_t, hk * vph + 2 * x + hf, vt && 2 * x + hf < vph,
+                             gts[x], bts[x]);
     // sequence starts inside the block (bit t: a sequence starts at row t, 0 < t < 16)
     unsigned starts = 0;
     for (int j = lane; j <= N; j += 32) {
-        const long long t = (long long)cu[j] - r0;
-        if (t > 0 && t < 16) starts |= 1u << t;
+        const long long s = (long long)cu[j] - r0;
+        if (s > 0 && s < 16) starts |= 1u << s;
     }
     starts = __reduce_or_sync(0xffffffffu, starts);
     cp_async_wait<0>();
     __syncwarp();
 
     // inverse norms: lanes 2 r and 2 r + 1 sum row r's squares, half a row each
-    float sk = 0.f, sq = 0.f;
-    {
+    float rk_own = 1.f, rq_own = 1.f;  // of row lane / 2
+    if (!CONTEST) {
+        float sk = 0.f, sq = 0.f;
         const bf16_t* kr = &kq[0][lane >> 1][(lane & 1) * 64];
         const bf16_t* qr = &kq[1][lane >> 1][(lane & 1) * 64];
 #pragma unroll
@@ -658,8 +680,9 @@ extern "C" __global__ void __launch_bounds__(32) gdn_prefill_algebra_pool(
         }
         sk += __shfl_xor_sync(0xffffffffu, sk, 1);
         sq += __shfl_xor_sync(0xffffffffu, sq, 1);
+        rk_own = rsqrtf(sk + 1e-6f);
+        rq_own = rsqrtf(sq + 1e-6f);
     }
-    const float rk_own = rsqrtf(sk + 1e-6f), rq_own = rsqrtf(sq + 1e-6f);  // of row lane / 2
 
     // K K^T and Q K^T: K / Q rows as the A operand, K rows as the B operand (as the walk's S K^T)
     float kk[2][4] = {}, qk[2][4] = {};
@@ -700,75 +723,95 @@ extern "C" __global__ void __launch_bounds__(32) gdn_prefill_algebra_pool(
         pj[c] = piece(j);
         vj[c] = r0 + j < T;
     }
-    // lanes 0-15 (and 16-31 again): row t's decays and factors
+    // row t's piece, its last row in the block, and its norms
     const int pt = piece(t);
     const unsigned later = starts & ~((2u << t) - 1u);
-    const int last = later ? __ffs(later) - 2 : 15;  // the last row of t's piece in the block
+    const int last = later ? __ffs(later) - 2 : 15;
     const float rk_t = __shfl_sync(0xffffffffu, rk_own, 2 * t), rq_t = __shfl_sync(0xffffffffu, rq_own, 2 * t);
 
 #pragma unroll
-    for (int hh = 0; hh < ALG_HEADS; ++hh) {
-        if (hh >= vph) break;
-        const int h = hk * vph + hh;
-        const float bt = bts[hh];
-        float G = gts[hh];  // inclusive scan within the piece
+    for (int x = 0; x < ALG_PAIRS; ++x) {
+        if (2 * x >= vph) break;
+        const bool mine = 2 * x + hf < vph;  // this half's head exists (an odd count leaves lanes 16-31 idle)
+        const int h = hk * vph + 2 * x + hf;
+        const float bt = bts[x];
+        float G = gts[x];  // inclusive scan within the piece, each half its own head
 #pragma unroll
         for (int d = 1; d < 16; d <<= 1) {
-            const float o = __shfl_up_sync(0xffffffffu, G, d);
+            const float o = __shfl_up_sync(0xffffffffu, G, d, 16);
             if (t >= d && piece(t - d) == pt) G += o;
         }
-        const float G_end = __shfl_sync(0xffffffffu, G, last);
-        float* f = fac + ((long long)blockIdx.x * hv + h) * 64 + t;
-        if (lane < 16) {
+        const float G_end = __shfl_sync(0xffffffffu, G, last, 16);
+        if (mine) {
+            float* f = fac + ((long long)blockIdx.x * hv + h) * 64 + t;
             const float gam = expf(G);
             f[0] = vt ? gam * rk_t : 0.f;
             f[16] = vt ? scale * gam * rq_t : 0.f;
             f[32] = vt ? expf(G_end - G) * rk_t : 0.f;
             f[48] = vt ? expf(G_end) : 0.f;
         }
-        float Gi[2], bi[2], Gj[4];
 #pragma unroll
-        for (int x = 0; x < 2; ++x) {
-            Gi[x] = __shfl_sync(0xffffffffu, G, i0 + 8 * x);
-            bi[x] = __shfl_sync(0xffffffffu, bt, i0 + 8 * x);
-        }
+        for (int e = 0; e < 2; ++e) {  // the pair's heads' A and P, every lane its fragment
+            if (2 * x + e >= vph) break;
+            float Gi[2], bi[2], Gj[4];
 #pragma unroll
-        for (int c = 0; c < 4; ++c) Gj[c] = __shfl_sync(0xffffffffu, G, 8 * (c >> 1) + jc + (c & 1));
-        bf16_t* mat = mats + ((long long)blockIdx.x * hv + h) * 512;
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-            for (int x = 0; x < 2; ++x) {  // rows i0 + 8 x, columns 8 n + jc + {0, 1}
-                const int i = i0 + 8 * x;
-                float a2[2], p2[2];
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int c = 2 * n + e, j = 8 * n + jc + e;
-                    const bool same = vi[x] && vj[c] && pi[x] == pj[c] && j <= i;
-                    const float dec = same ? expf(Gi[x] - Gj[c]) : 0.f;
-                    a2[e] = j < i ? kk[n][2 * x + e] * rk_i[x] * rk_j[c] * bi[x] * dec : 0.f;
-                    p2[e] = qk[n][2 * x + e] * scale * rq_i[x] * rk_j[c] * dec;
-                    am[i][j] = a2[e];
-                }
-                *reinterpret_cast<u32*>(mat + 256 + i * 16 + 8 * n + jc) = pack_bf16(p2[0], p2[1]);
+            for (int y = 0; y < 2; ++y) {
+                Gi[y] = __shfl_sync(0xffffffffu, G, 16 * e + i0 + 8 * y);
+                bi[y] = __shfl_sync(0xffffffffu, bt, 16 * e + i0 + 8 * y);
             }
+#pragma unroll
+            for (int c = 0; c < 4; ++c) Gj[c] = __shfl_sync(0xffffffffu, G, 16 * e + 8 * (c >> 1) + jc + (c & 1));
+            bf16_t* mat = mats + ((long long)blockIdx.x * hv + hk * vph + 2 * x + e) * 512;
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int y = 0; y < 2; ++y) {  // rows i0 + 8 y, columns 8 n + jc + {0, 1}
+                    const int i = i0 + 8 * y;
+                    float a2[2], p2[2];
+#pragma unroll
+                    for (int s = 0; s < 2; ++s) {
+                        const int c = 2 * n + s, j = 8 * n + jc + s;
+                        const bool same = vi[y] && vj[c] && pi[y] == pj[c] && j <= i;
+                        const float dec = same ? expf(Gi[y] - Gj[c]) : 0.f;
+                        a2[s] = j < i ? kk[n][2 * y + s] * rk_i[y] * rk_j[c] * bi[y] * dec : 0.f;
+                        p2[s] = qk[n][2 * y + s] * scale * rq_i[y] * rk_j[c] * dec;
+                        am[e][i][j] = a2[s];
+                    }
+                    *reinterpret_cast<u32*>(mat + 256 + i * 16 + 8 * n + jc) = pack_bf16(p2[0], p2[1]);
+                }
+        }
         __syncwarp();
-        // T = (I + A)^-1, unit lower: lane j (< 16) walks column j down the rows
+        // T = (I + A)^-1, unit lower: lane t of each half walks column t of its head down the rows
         float col[16];
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
             float s[2] = {0.f, 0.f};  // two dependency chains
 #pragma unroll
-            for (int kx = 0; kx < i; ++kx) s[kx & 1] = fmaf(am[i][kx], col[kx], s[kx & 1]);
+            for (int kx = 0; kx < i; ++kx) s[kx & 1] = fmaf(am[hf][i][kx], col[kx], s[kx & 1]);
             col[i] = i == t ? 1.f : (i > t ? -(s[0] + s[1]) : 0.f);
         }
-        if (lane < 16) {
+        if (mine) {
+            bf16_t* mat = mats + ((long long)blockIdx.x * hv + h) * 512;
 #pragma unroll
             for (int i = 0; i < 16; ++i) mat[i * 16 + t] = f_to_bf16(col[i] * bt);
         }
-        __syncwarp();  // every lane done with A before the next head writes it
+        __syncwarp();  // every lane done with A before the next pair writes it
     }
 }
+
+// gdn_prefill_algebra_<pool|contest>: q k g beta A_log dt_bias cu_seqlens mats fac, scale, T, N, HV, HQK, the
+// q / k token and head strides, g's and beta's token strides. pool: g, beta fp32 (activated), int32
+// cu_seqlens, A_log / dt_bias unused; contest: a, b bf16 as g, beta, A_log and dt_bias fp32 [HV], int64.
+#define GDN_ALGEBRA_KERNEL(KIND, CONTEST, CU)                                                                      \
+    extern "C" __global__ void __launch_bounds__(32) gdn_prefill_algebra_##KIND(                                    \
+        const bf16_t* q, const bf16_t* k, const void* g, const void* beta, const float* A_log, const float* dt_bias, \
+        const CU* cu, bf16_t* mats, float* fac, float scale, long long T, int N, int hv, int hqk, long long q_t,    \
+        long long q_h, long long k_t, long long k_h, long long g_t, long long b_t) {                               \
+        algebra<CONTEST, CU>(q, k, g, beta, A_log, dt_bias, cu, mats, fac, scale, T, N, hv, hqk, q_t, q_h, k_t,      \
+                             k_h, g_t, b_t);                                                                       \
+    }
+GDN_ALGEBRA_KERNEL(pool, false, int)
+GDN_ALGEBRA_KERNEL(contest, true, long long)
 
 // Kernels. Parameters, all of them: q k v mats fac state slots init cu_seqlens out, T, N, num_slots, HV,
 // HQK, has_state, the six q/k/v token and head strides, the state's slot, head and row strides

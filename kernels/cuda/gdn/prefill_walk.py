@@ -2,10 +2,9 @@
 16-token block's T diag(beta), P and per-token factors at once, then prefill_walk.cu's walk, each
 sequence's blocks in order with the state in registers; the .cu has the transposed algebra that keeps the
 state and every intermediate in mma accumulator fragments. The first launch is the .cu's own for the
-engines' conventions (activated gates; `algebra`: one warp a block and q/k head, its products on mma.sync,
-the inverse by substitution; 0.93-0.99x the variant's time with the Triton one of
-kernels/triton/gdn/prefill_staged.py, its own time 0.72-0.91x, benchmarks/results/algebra-cuda-ab-H200.txt)
-and that Triton one for the contest's raw gates.
+.cu's own (`algebra`: one warp a block and q/k head, its products on mma.sync, the inverse by substitution,
+a pair of value heads at once; the engines' activated gates and the contest's raw ones). Against the Triton
+first launch of kernels/triton/gdn/prefill_staged.py it replaced: benchmarks/results/algebra-cuda-ab-H200.txt.
 
 Definitions as the Triton staged kernel: gdn_prefill (the contest's), gdn_prefill_pool_* and
 gdn_prefill_gathered_*. Configurations `r<rows>s<stages>`: V rows a block (16 a warp; fewer rows a
@@ -43,7 +42,7 @@ from kdispatch import definitions, nvrtc
 from kdispatch.definitions.gdn.gathered import GATHERED_HEADS, all_true, gathered_prefill_name, identity_slots
 from kdispatch.definitions.gdn.names import PACKED_HEADS, pool_prefill_name
 from kdispatch.kernels.triton.gdn.decode_splitv import _resolve_scale
-from kdispatch.kernels.triton.gdn.prefill_staged import DIM, chunk_algebra
+from kdispatch.kernels.triton.gdn.prefill_staged import DIM
 from kdispatch.registry import variant
 
 CU = Path(__file__).with_name("prefill_walk.cu")
@@ -71,9 +70,9 @@ CORRECT_BYTES = CORRECT_BLOCKS * (16 * 136 * 2 + 16 * (16 * CORRECT_WARPS + 8) *
 CP_MAX_PAIRS, CP_MIN_TOKENS = 16, 1024
 
 _kernels: dict[tuple, nvrtc.Kernel] = {}
-# the first launch's: q k g beta cu_seqlens mats fac, scale, T, N HV HQK, the q / k token and head strides,
-# the gates' token strides; value heads a q/k head it takes at most (the .cu's ALG_HEADS)
-ALGEBRA_SIGNATURE = "p" * 7 + "f" + "l" + "iii" + "l" * 6
+# the first launch's: q k g beta A_log dt_bias cu_seqlens mats fac, scale, T, N HV HQK, the q / k token and head
+# strides, the gates' token strides; value heads a q/k head it takes at most (the .cu's ALG_HEADS)
+ALGEBRA_SIGNATURE = "p" * 9 + "f" + "l" + "iii" + "l" * 6
 ALGEBRA_HEADS = 4
 
 
@@ -104,24 +103,29 @@ def cp_kernel(part: str, pooled: bool) -> nvrtc.Kernel:
     return kern
 
 
-def algebra(q, k, g, beta, cu_seqlens, HV: int, scale: float):
-    """The first launch of the engines' conventions (activated gates, q/k normalised in it) in CUDA, the
-    .cu's gdn_prefill_algebra_pool: (matrices, factors) as prefill_staged.py's chunk_algebra."""
+def algebra(q, k, gates, cu_seqlens, HV: int, scale: float, *, contest: bool):
+    """The first launch in CUDA, the .cu's gdn_prefill_algebra_<pool|contest>: (matrices, factors) of every
+    16-token block and value head. `gates`: (g, beta, None, None) activated, fp32, q/k normalised in the
+    launch (the engines'); or the contest's (a, b, A_log, dt_bias), bf16 a and b, fp32 A_log and dt_bias [HV]
+    (the dispatcher checks dtypes against the definition)."""
     T, HQK = q.shape[0], q.shape[1]
     N = cu_seqlens.shape[0] - 1
     if HV % HQK or HV // HQK > ALGEBRA_HEADS:
         raise ValueError(f"cuda_prefill_staged: {HV} value heads over {HQK} q/k heads (at most {ALGEBRA_HEADS} a q/k head)")
+    g, beta, A_log, dt_bias = gates
     g = g if g.stride(-1) == 1 else g.contiguous()
     beta = beta if beta.stride(-1) == 1 else beta.contiguous()
     blocks = -(-T // 16)
     mats = torch.empty(max(blocks, 1) * HV * 512, device=q.device, dtype=torch.bfloat16)
     factors = torch.empty(max(blocks, 1) * HV * 64, dtype=torch.float32, device=q.device)
     if blocks:
-        kern = _kernels.get("algebra")
+        kind = "contest" if contest else "pool"
+        kern = _kernels.get(("algebra", kind))
         if kern is None:
-            kern = _kernels["algebra"] = nvrtc.load_kernel(CU, "gdn_prefill_algebra_pool", signature=ALGEBRA_SIGNATURE)
-        kern.launch((blocks, HQK), 32, q, k, g, beta, cu_seqlens, mats, factors, float(scale), T, N, HV, HQK,
-                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), beta.stride(0),
+            kern = _kernels[("algebra", kind)] = nvrtc.load_kernel(CU, f"gdn_prefill_algebra_{kind}",
+                                                                   signature=ALGEBRA_SIGNATURE)
+        kern.launch((blocks, HQK), 32, q, k, g, beta, A_log, dt_bias, cu_seqlens, mats, factors, float(scale), T, N,
+                    HV, HQK, q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), beta.stride(0),
                     stream=nvrtc.current_stream(q.get_device()))
     return mats, factors
 
@@ -152,7 +156,7 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _walk(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, raw_gates, has_state, cfg,
+def _walk(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, contest, has_state, cfg,
           segments=None):
     T, HQK, HV, N = q.shape[0], q.shape[1], v.shape[1], cu_seqlens.shape[0] - 1
     if N <= 0:
@@ -163,10 +167,7 @@ def _walk(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, raw_gat
         raise ValueError("cuda_prefill_staged: the state needs 8-byte aligned slots, heads and rows")
     if out.stride() != (out.shape[1] * DIM, DIM, 1) or out.data_ptr() % 16:
         raise ValueError("cuda_prefill_staged: out must be contiguous and 16-byte aligned")
-    if raw_gates:  # the contest's (q/k come normalised): its gates activated in the Triton first launch
-        mats, factors = chunk_algebra(q, k, gates, cu_seqlens, HV, scale, raw_gates=True, norm=False)
-    else:
-        mats, factors = algebra(q, k, gates[0], gates[1], cu_seqlens, HV, scale)
+    mats, factors = algebra(q, k, gates, cu_seqlens, HV, scale, contest=contest)
     pooled = slots is not None
     stream = nvrtc.current_stream(q.get_device())
     common = (q, k, v, mats, factors, state, slots, init, cu_seqlens, out, T, N, state.shape[0], HV, HQK,
@@ -197,7 +198,7 @@ def gdn_prefill_pool_walk(q, k, v, g, beta, state_pool, state_indices, has_initi
     if has_initial_state.dtype != torch.bool or state_indices.dtype != torch.int32 or cu_seqlens.dtype != torch.int32:
         raise ValueError("cuda_prefill_staged: int32 state_indices and cu_seqlens, bool has_initial_state")
     _walk(q, k, v, (g, beta, None, None), state_pool, state_indices, has_initial_state, cu_seqlens, out,
-          _resolve_scale(scale, DIM), raw_gates=False, has_state=True, cfg=cfg, segments=segments)
+          _resolve_scale(scale, DIM), contest=False, has_state=True, cfg=cfg, segments=segments)
     return out, state_pool
 
 
@@ -213,7 +214,7 @@ def gdn_prefill_walk(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, cf
     if cu_seqlens.dtype != torch.int64:
         cu_seqlens = cu_seqlens.to(torch.int64)
     _walk(q, k, v, (a, b, A_log.contiguous(), dt_bias.contiguous()), state, None, None, cu_seqlens, out,
-          _resolve_scale(scale, DIM), raw_gates=True, has_state=given, cfg=cfg, segments=segments)
+          _resolve_scale(scale, DIM), contest=True, has_state=given, cfg=cfg, segments=segments)
     return out, state
 
 
