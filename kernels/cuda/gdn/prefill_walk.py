@@ -122,8 +122,7 @@ def algebra(q, k, gates, cu_seqlens, HV: int, scale: float, *, contest: bool):
         kind = "contest" if contest else "pool"
         kern = _kernels.get(("algebra", kind))
         if kern is None:
-            kern = _kernels[("algebra", kind)] = nvrtc.load_kernel(CU, f"gdn_prefill_algebra_{kind}",
-                                                                   signature=ALGEBRA_SIGNATURE)
+            kern = _kernels[("algebra", kind)] = nvrtc.load_kernel(CU, f"gdn_prefill_algebra_{kind}", signature=ALGEBRA_SIGNATURE)
         kern.launch((blocks, HQK), 32, q, k, g, beta, A_log, dt_bias, cu_seqlens, mats, factors, float(scale), T, N,
                     HV, HQK, q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), beta.stride(0),
                     stream=nvrtc.current_stream(q.get_device()))

@@ -29,9 +29,8 @@ state (the first stage's values for such batches are never read). DOT_FP32: unde
 bf16 operands and the stages' matrices stay fp32 (prefill_chunked.py).
 
 Where it stands: benchmarks/results/gdn-fused-grid-H200.txt (graph replays over 8 input sets) times it
-beside the fused kernel, the baseline and kernels/cuda/gdn/prefill_walk.py, whose CUDA walk (1.03-1.36x
-this walk there) ran after this first launch until its own CUDA first launch replaced it
-(benchmarks/results/algebra-cuda-ab-H200.txt).
+beside the fused kernel, the baseline and kernels/cuda/gdn/prefill_walk.py, which runs this first
+launch with a CUDA walk (1.03-1.36x this walk there).
 """
 from __future__ import annotations
 
