@@ -3,10 +3,11 @@
 #
 #   bash benchmarks/retune.sh tune MINUTES     measure what the main store lacks (contest + coverage), refit routers
 #                                              (TUNE_ARGS adds tune options: --device cuda:0, --definitions ...,
-#                                              --no-route; the archive is $OUT/tune$TUNE_TAG.tgz; with
-#                                              TUNE_ARGS="--eager-turns-only --definitions ...", the eager turns
-#                                              alone, which route warns for after a partial re-measure: a call of
-#                                              its own: the contest prefill's alone ran past 170 s, H200 2026-12-02)
+#                                              --no-route; the archive is $OUT/tune$TUNE_TAG.tgz; new rows take
+#                                              their eager times as the store's rows did, in turns on the H200;
+#                                              with TUNE_ARGS="--eager-turns-only --definitions ...", the eager
+#                                              turns alone, which route warns for where a store mixes protocols:
+#                                              a call of its own, ~25 pairs a second on the H200, 2026-12-02)
 #   bash benchmarks/retune.sh heldout MINUTES  measure every variant on traces/heldout (never fitted on; TUNE_ARGS too)
 #   bash benchmarks/retune.sh check MINUTES    the routed op against the baseline on the held-out set (BENCH_ARGS adds
 #                                              bench options, e.g. --definitions; TUNE_TAG names the JSON's part)

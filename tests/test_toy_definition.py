@@ -415,14 +415,40 @@ def test_route_warns_where_a_definition_mixes_the_two_eager_protocols(tmp_path, 
     registry.variant(NAME, "toy_twin", backend="torch", archs=("*",))(lambda x, alpha: x * alpha)
     try:
         told = io.StringIO()  # the new variant alone, in its own loop; measured only (as a held-out store is)
-        flows.tune(tmp_path / "traces", **{**kw, "stream": told}, compile_routers=False)
-        assert "[tune] warning: toy_scale on CPU: 4 rows took their eager times in turns and 2" in told.getvalue()
+        for r in Store.open(store).results(NAME):  # the store's rows as own-loop ones, the slow one aside
+            if r.eager_us < SLOW_US:
+                slow.put(dataclasses.replace(r, metrics={k: v for k, v in r.metrics.items() if k != "eager_turns_s"}))
+        flows.tune(tmp_path / "traces", **{**kw, "stream": told}, eager_turns=True, compile_routers=False)
+        assert "[tune] warning: toy_scale on CPU: 2 rows took their eager times in turns and 4" in told.getvalue()
         assert "--eager-turns-only --definitions toy_scale" in told.getvalue()
         done = flows.compile_all(Store.open(store), tmp_path / "routers", "cpu", ["toy_scale"], stream=said)
         assert flows.check_routers(done, Store.open(store), io.StringIO())[NAME]["eager_protocol"] == "mixed"
     finally:
         registry.unregister(NAME, "toy_twin")
-    assert "toy_scale on CPU: 4 rows took their eager times in turns and 2 in each variant's own loop" in said.getvalue()
+    assert "toy_scale on CPU: 2 rows took their eager times in turns and 4 in each variant's own loop" in said.getvalue()
+
+
+def test_a_tune_takes_new_eager_times_as_the_stored_rows_took_them(tmp_path, toy):
+    """A variant that lands after a tune in turns takes its eager times in turns too, paired with the
+    baseline's calls, without `--eager-turns`: the definition stays of one protocol; in a store of own
+    loops it keeps its own loop."""
+    import io
+
+    write_traces(tmp_path, (2, 5))
+    for turns, where in ((True, "turns"), (False, "own")):
+        store = tmp_path / where / "cpu.sqlite"
+        kw = dict(definitions=["toy_scale"], device="cpu", env=ENV, store=store, quick=True, compile_routers=False)
+        flows.tune(tmp_path / "traces", eager_turns=turns, stream=open(os.devnull, "w"), **kw)
+        assert flows.stored_in_turns(Store.open(store), ENV["device"], NAME) is turns
+        registry.variant(NAME, "toy_twin", backend="torch", archs=("*",))(lambda x, alpha: x * alpha)
+        try:
+            told = io.StringIO()
+            flows.tune(tmp_path / "traces", stream=told, **kw)
+        finally:
+            registry.unregister(NAME, "toy_twin")
+        twin = [r for r in Store.open(store).results(NAME) if r.variant == "toy_twin"]
+        assert len(twin) == 2 and all(("eager_turns_s" in r.metrics) is turns for r in twin), where
+        assert "took their eager times in turns and" not in told.getvalue()
 
 
 def test_a_tune_warns_of_a_mix_only_on_the_workloads_of_its_sets(tmp_path, toy):
@@ -453,6 +479,7 @@ def test_eager_turns_only_retakes_the_stores_eager_times_in_turns(tmp_path, toy)
     """`tune --eager-turns-only` takes the eager times of a store's passing rows again, in turns (no
     gate, no graph timing): a definition of own-loop rows becomes one of turns, resumably; a workload
     whose turns fail keeps its rows as they were, and says so."""
+    import dataclasses
     import io
 
     write_traces(tmp_path, (2, 5))
@@ -487,7 +514,11 @@ def test_eager_turns_only_retakes_the_stores_eager_times_in_turns(tmp_path, toy)
 
     registry.variant(NAME, "toy_flaky", backend="torch", archs=("*",))(flaky)
     try:
-        flows.tune(tmp_path / "traces", stream=open(os.devnull, "w"), **kw)  # the new variant, in its own loop
+        flows.tune(tmp_path / "traces", stream=open(os.devnull, "w"), **kw)  # the new variant, in turns
+        for r in Store.open(store).results(NAME):  # its rows as own-loop ones, for the retake to take
+            if r.variant == "toy_flaky":
+                Store.open(store).put(dataclasses.replace(r, metrics={
+                    k: v for k, v in r.metrics.items() if k not in ("eager_turns_s", "eager_paired")}))
         broken["on"] = True
         said = io.StringIO()
         flows.tune(tmp_path / "traces", eager_only=True, stream=said, **kw)

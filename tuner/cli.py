@@ -85,8 +85,10 @@ def add_commands(sub) -> None:
     p.add_argument("--eager-turns", action="store_true",
                    help="take each workload's eager times with its variants in turns, call by call, as `bench` does "
                         "(tuner/job.py), the baseline's call among them where only other variants are pending; "
-                        "re-measure whole definitions so (--force): `route` warns of a definition whose rows mix "
-                        "it with the default, each variant's own loop, or were taken without the baseline's call")
+                        "without it, a definition's new rows take them as most of its stored rows on this GPU did, "
+                        "each variant's own loop where none are stored; re-measure whole definitions so (--force): "
+                        "`route` warns of a definition whose rows mix the two protocols, or were taken without the "
+                        "baseline's call")
     p.add_argument("--eager-turns-only", action="store_true",
                    help="measure nothing new: take the eager times of the store's passing rows (this GPU's, of the "
                         "variants' current code) again, in turns, workload by workload; no gate, no graph timing "

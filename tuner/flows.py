@@ -73,8 +73,10 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
     `cli.SCREEN_FACTOR` unless told otherwise).
 
     `eager_turns`: each workload's variants take their eager times together, in turns (tuner/job.py),
-    as `bench` does; rows of each variant's own eager loop (the default) are not comparable with
-    them (`route` warns of a definition that mixes the two).
+    as `bench` does; rows of each variant's own eager loop are not comparable with them (`route`
+    warns of a definition that mixes the two). Without it a definition's new rows take their eager
+    times as most of its stored rows on this GPU did (`stored_in_turns`), in each variant's own loop
+    where it has none.
 
     `eager_only`: measure nothing new; take the eager times of the store's rows again, in turns, each
     workload's passing rows of this environment and code together (tuner/plan.py `retake_plan`,
@@ -104,6 +106,8 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
         plans = [plan(store, eid, env["arch"], roots, d, set(variants) if variants else None, quick, force,
                       skip=set(skip_variants or ()))
                  for d in names]
+        for p in plans:  # new rows take their eager times as the stored ones did, so the eager fit compares like
+            p.eager_turns = bool(p.pending) and stored_in_turns(store, env["device"], p.definition)
     total = sum(len(p.pending) for p in plans)
     progress = Progress(total, stream)
     stream.write(f"[tune] {env['device']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}, "
@@ -550,6 +554,16 @@ def _wins_anywhere(table, name: str, params) -> bool:
                                      for tb in (timed(b, mode), timed(b, mode, guarded=True))):
                 return True
     return False
+
+
+def stored_in_turns(store: Store, device: str, definition: str) -> bool:
+    """Did most of the device's timed rows of the definition take their eager times in turns
+    (`_eager_protocols`)? A tune then takes its new rows' so too: a variant that lands later, or one
+    re-measured after a change, stays comparable with the rest instead of mixing the two protocols."""
+    envs = {e["id"] for e in store.envs() if e["device"] == device}
+    rows = [r for r in store.results(definition)
+            if r.env in envs and r.passed and r.eager_us is not None and r.eager_us < SLOW_US]
+    return 2 * sum(1 for r in rows if "eager_turns_s" in (r.metrics or {})) > len(rows)
 
 
 def _eager_protocols(table) -> dict[str, tuple[int, int]]:

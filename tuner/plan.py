@@ -97,6 +97,7 @@ class Plan:
     workloads: list[dict]  # {"uuid", "axes", "inputs"}
     pending: list[tuple[str, str]]  # (variant, uuid)
     skipped_unsupported: int = 0
+    eager_turns: bool = False  # its eager times in turns (tuner/job.py), as its stored rows on this GPU took them
 
 
 def trace_roots(roots) -> list[Path]:
@@ -252,7 +253,8 @@ def make_jobs(plans: list[Plan], n_workers: int, device: str, quick: bool, trial
     chunks interleave the workloads sorted by the main feature, so each gets a spread of sizes).
     `screen`: leave a variant ungated and untimed on a workload where a rough time says it is over
     this factor slower than the fastest (tuner/job.py). `eager_turns`: a workload's variants take
-    their eager times together, in turns (tuner/job.py)."""
+    their eager times together, in turns (tuner/job.py), for every plan, not only those whose
+    `eager_turns` says so."""
     jobs = []
     for p in sorted(plans, key=lambda p: (-len(p.pending), p.definition)):
         by_uuid: dict[str, list[str]] = {}
@@ -268,7 +270,7 @@ def make_jobs(plans: list[Plan], n_workers: int, device: str, quick: bool, trial
             part = ws[c::chunks]
             job = Job(p.definition, part, {w["uuid"]: by_uuid[w["uuid"]] for w in part}, device, quick, trials,
                       extra={"screen": screen, "baseline": p.baseline} if screen else {})
-            if eager_turns:  # the baseline: what each variant's eager calls are paired with (tuner/job.py)
+            if eager_turns or p.eager_turns:  # the baseline: what each variant's eager calls are paired with (tuner/job.py)
                 job.extra.update(eager_turns=True, baseline=p.baseline)
             if executor:
                 job.executor = executor
