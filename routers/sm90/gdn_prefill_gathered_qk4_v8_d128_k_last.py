@@ -6,20 +6,20 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-01T22:29:43Z
+# measured    up to 2026-12-02T06:47:52Z
 # workloads   144 (workload-set digest 4ae7ecbdaeaa925e)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   vllm_flashinfer_prefill         cafcd75cbe1a2e72  144/144  1.00x
-#   cuda_prefill_cp.p16             dffbd933664a25c8  13/13  0.80x
-#   cuda_prefill_cp.p4              647de52a3eb20d1c  13/13  1.00x
-#   cuda_prefill_cp.p8              f0718db216ee20b2  13/13  0.95x
+#   cuda_prefill_cp.p16             5365a24a414126be  13/13  0.83x
+#   cuda_prefill_cp.p4              b5f7f39fe567fb38  13/13  1.04x
+#   cuda_prefill_cp.p8              75eecedfbb97bedf  13/13  0.99x
 #   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  81/137  0.89x  [56 screened out]
 #   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  79/137  0.89x  [58 screened out]
 #   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  84/137  0.87x  [53 screened out]
 #   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  85/137  0.90x  [52 screened out]
-#   cuda_prefill_staged.r32s4       4ec9c61f42b0e2c0  142/144  1.43x  [2 screened out]
-#   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  142/144  1.43x  [2 screened out]
+#   cuda_prefill_staged.r32s4       0ec7dd6cd6a9712e  142/144  1.55x  [2 screened out]
+#   cuda_prefill_staged.r64s4       fec9b569b24a1594  140/144  1.58x  [4 screened out]
 #   flashinfer_direct               755eb6578bd0a1f3  142/144  1.42x  [2 screened out]
 #   flashqla_chunk                  5e5c152ba7fedf0f  0/0  -
 #   triton_prefill_chunked.v64      91b329a0e287a87d  105/144  0.88x  [39 screened out]
@@ -49,70 +49,56 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 9.93% mean, 199.25% max;
-#             1.255x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 15.02% mean, 189.89% max;
-#             2.627x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 7.04% mean, 199.25% max;
+#             1.317x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 15.94% mean, 370.43% max;
+#             3.265x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 75 and num_seqs <= 9 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 5 workloads, 5.61x (1.36x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 75 and num_seqs <= 9 and 7 < mean_seq_len <= 362: triton_prefill_fused.c16v32, 5 workloads, 4.51x (2.96x .. 6.86x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   3. total_seq_len <= 399 and 9 < num_seqs <= 17: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.10x (1.06x .. 1.14x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   4. total_seq_len <= 399 and num_seqs > 17: cuda_prefill_staged.r64s4, 10 workloads, 1.33x (1.23x .. 1.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   5. total_seq_len <= 1205 and num_seqs <= 9 and 362 < mean_seq_len <= 914: cuda_prefill_staged.r32s4, 4 workloads, 1.69x (1.32x .. 1.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 3547 and num_seqs <= 9 and mean_seq_len > 914: cuda_prefill_cp.p4, 4 workloads, 1.25x (1.08x .. 1.40x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   7. total_seq_len > 75 and num_seqs <= 9 and mean_seq_len <= 72: flashinfer_direct, 15 workloads, 4.01x (2.45x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
-#   8. total_seq_len > 75 and num_seqs <= 9 and 72 < mean_seq_len <= 362: cuda_prefill_staged.r32s4, 19 workloads, 2.50x (1.18x .. 4.19x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   9. 399 < total_seq_len <= 557 and 9 < num_seqs <= 33: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   10. 399 < total_seq_len <= 557 and num_seqs > 33: cuda_prefill_staged.r64s4, 6 workloads, 1.37x (1.19x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   11. total_seq_len > 557 and num_seqs > 9 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 20 workloads, 1.22x (1.03x .. 1.50x) over vllm_flashinfer_prefill
-#   12. total_seq_len > 557 and num_seqs > 9 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   13. total_seq_len > 1205 and num_seqs <= 9 and 362 < mean_seq_len <= 914: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
-#   14. total_seq_len > 3547 and num_seqs <= 9 and mean_seq_len > 914: vllm_flashinfer_prefill (baseline), 13 workloads
+#   1. total_seq_len <= 3505 and num_seqs <= 9 and mean_seq_len > 540: cuda_prefill_cp.p4, 5 workloads, 1.30x (1.12x .. 1.47x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   2. num_seqs <= 9 and mean_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 5 workloads, 5.61x (1.36x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. num_seqs <= 9 and 8 < mean_seq_len <= 540: cuda_prefill_staged.r32s4, 46 workloads, 3.16x (1.06x .. 5.75x) over vllm_flashinfer_prefill
+#   4. num_seqs > 9 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 51 workloads, 1.27x (1.04x .. 1.63x) over vllm_flashinfer_prefill
+#   5. num_seqs > 9 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   6. total_seq_len > 3505 and num_seqs <= 9 and mean_seq_len > 540: vllm_flashinfer_prefill (baseline), 15 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 399 and num_seqs <= 62 and mean_seq_len <= 107: cuda_prefill_pool_rows.k8c8, 36 workloads, 5.64x (2.52x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   2. total_seq_len <= 399 and num_seqs <= 62 and mean_seq_len > 107: triton_prefill_fused.c16v32, 5 workloads, 6.94x (4.47x .. 8.49x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 4048 and num_seqs > 62 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.84x (2.07x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   4. total_seq_len <= 4048 and num_seqs > 62 and mean_seq_len > 2: cuda_prefill_staged.r64s4, 19 workloads, 2.08x (1.29x .. 3.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. 399 < total_seq_len <= 552 and num_seqs <= 62: triton_prefill_fused.c16v32, 13 workloads, 4.18x (2.16x .. 9.24x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   6. 552 < total_seq_len <= 4048 and num_seqs <= 62: cuda_prefill_staged.r32s4, 35 workloads, 3.39x (1.48x .. 6.83x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   7. total_seq_len > 4048 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 6 workloads
-#   8. total_seq_len > 4048 and 3 < num_seqs <= 5: cuda_prefill_staged.r32s4, 4 workloads, 2.55x (1.92x .. 3.20x) over vllm_flashinfer_prefill
-#   9. total_seq_len > 4048 and 5 < num_seqs <= 11 and mean_seq_len > 331: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   10. total_seq_len > 4048 and 5 < num_seqs <= 200 and mean_seq_len <= 331: cuda_prefill_staged.r64s4, 7 workloads, 1.88x (1.45x .. 2.38x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   11. total_seq_len > 4048 and num_seqs > 11 and mean_seq_len > 331: flashinfer_direct, 5 workloads, 1.55x (1.43x .. 1.74x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   12. total_seq_len > 4048 and num_seqs > 200 and mean_seq_len <= 331: flashinfer_direct, 4 workloads, 1.37x (1.24x .. 1.45x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 23 and num_seqs <= 5 and mean_seq_len <= 2508: cuda_prefill_pool_rows.k8c8, 4 workloads, 11.53x (8.51x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 74 and 5 < num_seqs <= 17: cuda_prefill_staged.r32s4, 4 workloads, 4.77x (3.78x .. 6.52x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   3. total_seq_len <= 181 and num_seqs > 17: cuda_prefill_pool_rows.k4c8, 5 workloads, 3.53x (3.04x .. 4.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 12405 and num_seqs <= 5 and mean_seq_len > 2508: cuda_prefill_cp.p8, 4 workloads, 2.23x (1.42x .. 4.54x) over vllm_flashinfer_prefill
+#   5. 23 < total_seq_len <= 75 and num_seqs <= 5 and mean_seq_len <= 2508: cuda_prefill_staged.r32s4, 5 workloads, 10.62x (8.26x .. 12.73x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   6. 74 < total_seq_len <= 181 and 5 < num_seqs <= 17: cuda_prefill_pool_rows.k8c8, 6 workloads, 4.30x (2.91x .. 7.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct
+#   7. total_seq_len > 75 and num_seqs <= 5 and mean_seq_len <= 86: cuda_prefill_staged.r64s4, 6 workloads, 8.80x (5.18x .. 12.46x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len > 75 and num_seqs <= 5 and 86 < mean_seq_len <= 2508: cuda_prefill_staged.r32s4, 28 workloads, 6.45x (1.91x .. 13.84x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 181 and 5 < num_seqs <= 147 and mean_seq_len <= 30: cuda_prefill_staged.r32s4, 18 workloads, 3.59x (2.22x .. 6.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, flashinfer_direct
+#   10. total_seq_len > 181 and num_seqs > 5 and 30 < mean_seq_len <= 683: cuda_prefill_staged.r64s4, 47 workloads, 3.38x (1.42x .. 10.55x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   11. total_seq_len > 181 and num_seqs > 5 and mean_seq_len > 683: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   12. total_seq_len > 181 and num_seqs > 147 and mean_seq_len <= 30: cuda_prefill_staged.r64s4, 10 workloads, 2.64x (1.98x .. 3.30x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   13. total_seq_len > 12405 and num_seqs <= 5 and mean_seq_len > 2508: vllm_flashinfer_prefill (baseline), 3 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (None, 9), 'total_seq_len': (None, 75)}, 'workloads': 5, 'speedup': (1.36, 5.61, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (7, 362), 'num_seqs': (None, 9), 'total_seq_len': (None, 75)}, 'workloads': 5, 'speedup': (2.96, 4.51, 6.86), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (9, 17), 'total_seq_len': (None, 399)}, 'workloads': 9, 'speedup': (1.06, 1.1, 1.14), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 399)}, 'workloads': 10, 'speedup': (1.23, 1.33, 1.43), 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (362, 914), 'num_seqs': (None, 9), 'total_seq_len': (None, 1205)}, 'workloads': 4, 'speedup': (1.32, 1.69, 1.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (914, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 3547)}, 'workloads': 4, 'speedup': (1.08, 1.25, 1.4), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 72), 'num_seqs': (None, 9), 'total_seq_len': (75, None)}, 'workloads': 15, 'speedup': (2.45, 4.01, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (72, 362), 'num_seqs': (None, 9), 'total_seq_len': (75, None)}, 'workloads': 19, 'speedup': (1.18, 2.5, 4.19), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (9, 33), 'total_seq_len': (399, 557)}, 'workloads': 6, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (33, None), 'total_seq_len': (399, 557)}, 'workloads': 6, 'speedup': (1.19, 1.37, 1.51), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (557, None)}, 'workloads': 20, 'speedup': (1.03, 1.22, 1.5), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (9, None), 'total_seq_len': (557, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, 914), 'num_seqs': (None, 9), 'total_seq_len': (1205, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (914, None), 'num_seqs': (None, 9), 'total_seq_len': (3547, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (540, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 3505)}, 'workloads': 5, 'speedup': (1.12, 1.3, 1.47), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (None, 9)}, 'workloads': 5, 'speedup': (1.36, 5.61, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (8, 540), 'num_seqs': (None, 9)}, 'workloads': 46, 'speedup': (1.06, 3.16, 5.75), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (9, None)}, 'workloads': 51, 'speedup': (1.04, 1.27, 1.63), 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (9, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (540, None), 'num_seqs': (None, 9), 'total_seq_len': (3505, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 107), 'num_seqs': (None, 62), 'total_seq_len': (None, 399)}, 'workloads': 36, 'speedup': (2.52, 5.64, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (107, None), 'num_seqs': (None, 62), 'total_seq_len': (None, 399)}, 'workloads': 5, 'speedup': (4.47, 6.94, 8.49), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (62, None), 'total_seq_len': (None, 4048)}, 'workloads': 6, 'speedup': (2.07, 2.84, 3.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (62, None), 'total_seq_len': (None, 4048)}, 'workloads': 19, 'speedup': (1.29, 2.08, 3.39), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 62), 'total_seq_len': (399, 552)}, 'workloads': 13, 'speedup': (2.16, 4.18, 9.24), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (None, 62), 'total_seq_len': (552, 4048)}, 'workloads': 35, 'speedup': (1.48, 3.39, 6.83), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (4048, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (3, 5), 'total_seq_len': (4048, None)}, 'workloads': 4, 'speedup': (1.92, 2.55, 3.2), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (331, None), 'num_seqs': (5, 11), 'total_seq_len': (4048, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 331), 'num_seqs': (5, 200), 'total_seq_len': (4048, None)}, 'workloads': 7, 'speedup': (1.45, 1.88, 2.38), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (4048, None)}, 'workloads': 5, 'speedup': (1.43, 1.55, 1.74), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 331), 'num_seqs': (200, None), 'total_seq_len': (4048, None)}, 'workloads': 4, 'speedup': (1.24, 1.37, 1.45), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2508), 'num_seqs': (None, 5), 'total_seq_len': (None, 23)}, 'workloads': 4, 'speedup': (8.51, 11.53, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (5, 17), 'total_seq_len': (None, 74)}, 'workloads': 4, 'speedup': (3.78, 4.77, 6.52), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 181)}, 'workloads': 5, 'speedup': (3.04, 3.53, 4.41), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (2508, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 12405)}, 'workloads': 4, 'speedup': (1.42, 2.23, 4.54), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 2508), 'num_seqs': (None, 5), 'total_seq_len': (23, 75)}, 'workloads': 5, 'speedup': (8.26, 10.62, 12.73), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (5, 17), 'total_seq_len': (74, 181)}, 'workloads': 6, 'speedup': (2.91, 4.3, 7.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 86), 'num_seqs': (None, 5), 'total_seq_len': (75, None)}, 'workloads': 6, 'speedup': (5.18, 8.8, 12.46), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (86, 2508), 'num_seqs': (None, 5), 'total_seq_len': (75, None)}, 'workloads': 28, 'speedup': (1.91, 6.45, 13.84), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (5, 147), 'total_seq_len': (181, None)}, 'workloads': 18, 'speedup': (2.22, 3.59, 6.62), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (30, 683), 'num_seqs': (5, None), 'total_seq_len': (181, None)}, 'workloads': 47, 'speedup': (1.42, 3.38, 10.55), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (683, None), 'num_seqs': (5, None), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (147, None), 'total_seq_len': (181, None)}, 'workloads': 10, 'speedup': (1.98, 2.64, 3.3), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2508, None), 'num_seqs': (None, 5), 'total_seq_len': (12405, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -121,84 +107,63 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 5.61x (1.36x .. 8.73x) over vllm_flashinfer_prefill
-    if total_seq_len <= 75 and num_seqs <= 9 and mean_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 5 workloads, 4.51x (2.96x .. 6.86x) over vllm_flashinfer_prefill
-    if total_seq_len <= 75 and num_seqs <= 9 and 7 < mean_seq_len <= 362:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 9 workloads, 1.10x (1.06x .. 1.14x) over vllm_flashinfer_prefill
-    if total_seq_len <= 399 and 9 < num_seqs <= 17:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 4: 10 workloads, 1.33x (1.23x .. 1.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 399 and num_seqs > 17:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 4 workloads, 1.69x (1.32x .. 1.98x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1205 and num_seqs <= 9 and 362 < mean_seq_len <= 914:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 4 workloads, 1.25x (1.08x .. 1.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3547 and num_seqs <= 9 and mean_seq_len > 914:
+    # region 1: 5 workloads, 1.30x (1.12x .. 1.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3505 and num_seqs <= 9 and mean_seq_len > 540:
         return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
-    # region 7: 15 workloads, 4.01x (2.45x .. 5.79x) over vllm_flashinfer_prefill
-    if total_seq_len > 75 and num_seqs <= 9 and mean_seq_len <= 72:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_direct'
-    # region 8: 19 workloads, 2.50x (1.18x .. 4.19x) over vllm_flashinfer_prefill
-    if total_seq_len > 75 and num_seqs <= 9 and 72 < mean_seq_len <= 362:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 9: 6 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-    if 399 < total_seq_len <= 557 and 9 < num_seqs <= 33:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 6 workloads, 1.37x (1.19x .. 1.51x) over vllm_flashinfer_prefill
-    if 399 < total_seq_len <= 557 and num_seqs > 33:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 20 workloads, 1.22x (1.03x .. 1.50x) over vllm_flashinfer_prefill
-    if total_seq_len > 557 and num_seqs > 9 and mean_seq_len <= 45:
+    # region 2: 5 workloads, 5.61x (1.36x .. 8.73x) over vllm_flashinfer_prefill
+    if num_seqs <= 9 and mean_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 46 workloads, 3.16x (1.06x .. 5.75x) over vllm_flashinfer_prefill
+    if num_seqs <= 9 and 8 < mean_seq_len <= 540:
+        return 'cuda_prefill_staged.r32s4'
+    # region 4: 51 workloads, 1.27x (1.04x .. 1.63x) over vllm_flashinfer_prefill
+    if num_seqs > 9 and mean_seq_len <= 45:
         return 'cuda_prefill_staged.r64s4'
-    # region 12: 22 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 557 and num_seqs > 9 and mean_seq_len > 45:
+    # region 5: 22 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 9 and mean_seq_len > 45:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1205 and num_seqs <= 9 and 362 < mean_seq_len <= 914:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 36 workloads, 5.64x (2.52x .. 15.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 399 and num_seqs <= 62 and mean_seq_len <= 107:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 5 workloads, 6.94x (4.47x .. 8.49x) over vllm_flashinfer_prefill
-    if total_seq_len <= 399 and num_seqs <= 62 and mean_seq_len > 107:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 6 workloads, 2.84x (2.07x .. 3.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4048 and num_seqs > 62 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 19 workloads, 2.08x (1.29x .. 3.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4048 and num_seqs > 62 and mean_seq_len > 2:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 13 workloads, 4.18x (2.16x .. 9.24x) over vllm_flashinfer_prefill
-    if 399 < total_seq_len <= 552 and num_seqs <= 62:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 35 workloads, 3.39x (1.48x .. 6.83x) over vllm_flashinfer_prefill
-    if 552 < total_seq_len <= 4048 and num_seqs <= 62:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 4 workloads, 2.55x (1.92x .. 3.20x) over vllm_flashinfer_prefill
-    if total_seq_len > 4048 and 3 < num_seqs <= 5:
+    # region 1: 4 workloads, 11.53x (8.51x .. 15.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 23 and num_seqs <= 5 and mean_seq_len <= 2508:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 4 workloads, 4.77x (3.78x .. 6.52x) over vllm_flashinfer_prefill
+    if total_seq_len <= 74 and 5 < num_seqs <= 17:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 3: 5 workloads, 3.53x (3.04x .. 4.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 17:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 4 workloads, 2.23x (1.42x .. 4.54x) over vllm_flashinfer_prefill
+    if total_seq_len <= 12405 and num_seqs <= 5 and mean_seq_len > 2508:
+        return 'cuda_prefill_cp.p8'
+    # region 5: 5 workloads, 10.62x (8.26x .. 12.73x) over vllm_flashinfer_prefill
+    if 23 < total_seq_len <= 75 and num_seqs <= 5 and mean_seq_len <= 2508:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 6 workloads, 4.30x (2.91x .. 7.03x) over vllm_flashinfer_prefill
+    if 74 < total_seq_len <= 181 and 5 < num_seqs <= 17:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 6 workloads, 8.80x (5.18x .. 12.46x) over vllm_flashinfer_prefill
+    if total_seq_len > 75 and num_seqs <= 5 and mean_seq_len <= 86:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 8: 28 workloads, 6.45x (1.91x .. 13.84x) over vllm_flashinfer_prefill
+    if total_seq_len > 75 and num_seqs <= 5 and 86 < mean_seq_len <= 2508:
         return 'cuda_prefill_staged.r32s4'
-    # region 9: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4048 and 5 < num_seqs <= 11 and mean_seq_len > 331:
+    # region 9: 18 workloads, 3.59x (2.22x .. 6.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 5 < num_seqs <= 147 and mean_seq_len <= 30:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 10: 47 workloads, 3.38x (1.42x .. 10.55x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs > 5 and 30 < mean_seq_len <= 683:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 11: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 181 and num_seqs > 5 and mean_seq_len > 683:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 7 workloads, 1.88x (1.45x .. 2.38x) over vllm_flashinfer_prefill
-    if total_seq_len > 4048 and 5 < num_seqs <= 200 and mean_seq_len <= 331:
+    # region 12: 10 workloads, 2.64x (1.98x .. 3.30x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs > 147 and mean_seq_len <= 30:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 5 workloads, 1.55x (1.43x .. 1.74x) over vllm_flashinfer_prefill
-    if total_seq_len > 4048 and num_seqs > 11 and mean_seq_len > 331:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 12: 4 workloads, 1.37x (1.24x .. 1.45x) over vllm_flashinfer_prefill
-    if total_seq_len > 4048 and num_seqs > 200 and mean_seq_len <= 331:
-        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
@@ -207,201 +172,161 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.32% mean, 199.25% max;
-#             1.290x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.18% mean, 122.24% max;
-#             2.895x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.27% mean, 199.25% max;
+#             1.312x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.54% mean, 395.20% max;
+#             3.302x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 45 and num_seqs <= 19 and mean_seq_len <= 6 and 10 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   2. total_seq_len <= 181 and num_seqs <= 5 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 3 workloads, 5.06x (4.53x .. 5.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   3. total_seq_len <= 181 and num_seqs <= 5 and 41 < max_seq_len <= 495: cuda_prefill_staged.r32s4, 6 workloads, 3.30x (2.77x .. 3.90x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64
-#   4. total_seq_len <= 557 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 449: cuda_prefill_staged.r32s4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 724 and 5 < num_seqs <= 19 and 226 < max_seq_len <= 495: cuda_prefill_staged.r32s4, 3 workloads, 2.22x (1.11x .. 3.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 1448 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 1704 and num_seqs <= 11 and 495 < max_seq_len <= 1021: cuda_prefill_staged.r32s4, 7 workloads, 1.72x (1.32x .. 1.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   8. total_seq_len <= 1704 and num_seqs <= 11 and 1021 < max_seq_len <= 1380: cuda_prefill_cp.p4, 2 workloads, 1.30x (1.21x .. 1.40x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
-#   9. total_seq_len <= 2896 and 11 < num_seqs <= 19 and max_seq_len > 901: cuda_prefill_staged.r32s4, 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   10. total_seq_len <= 2896 and num_seqs > 19 and 30 < mean_seq_len <= 45: cuda_prefill_staged.r64s4, 6 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
-#   11. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len <= 856: flashinfer_direct, 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   12. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len > 856: cuda_prefill_staged.r64s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-#   13. total_seq_len <= 3547 and num_seqs <= 2 and max_seq_len > 1380: cuda_prefill_cp.p4, 3 workloads, 1.21x (1.08x .. 1.30x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   14. total_seq_len <= 5258 and 2 < num_seqs <= 7 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
-#   15. total_seq_len <= 5258 and 2 < num_seqs <= 11 and mean_seq_len > 362 and max_seq_len > 2712: vllm_flashinfer_prefill (baseline), 0 workloads
-#   16. total_seq_len <= 5258 and 7 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   17. num_seqs <= 3 and mean_seq_len <= 6 and max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.00x (7.66x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   18. num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.86x (6.86x .. 6.86x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64
-#   19. 2 < num_seqs <= 11 and mean_seq_len <= 362 and max_seq_len > 1380: cuda_prefill_staged.r32s4, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   20. 3 < num_seqs <= 19 and mean_seq_len <= 6 and max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.50x (1.34x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. 5 < num_seqs <= 19 and 21 < max_seq_len <= 226: flashinfer_direct, 17 workloads, 2.02x (1.05x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   22. 5 < num_seqs <= 19 and mean_seq_len > 6 and max_seq_len <= 21: triton_prefill_fused.c16v64, 5 workloads, 1.78x (1.16x .. 7.05x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. 19 < num_seqs <= 44 and mean_seq_len <= 2 and max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.16x (2.16x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64
-#   24. 19 < num_seqs <= 44 and mean_seq_len <= 2 and 16 < max_seq_len <= 449: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8
-#   25. num_seqs > 19 and 2 < mean_seq_len <= 30 and max_seq_len <= 449: cuda_prefill_staged.r64s4, 16 workloads, 1.29x (1.09x .. 1.48x) over vllm_flashinfer_prefill
-#   26. num_seqs > 44 and mean_seq_len <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.66x (1.61x .. 1.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8
-#   27. num_seqs > 44 and mean_seq_len <= 2 and 11 < max_seq_len <= 449: cuda_prefill_staged.r64s4, 2 workloads, 1.43x (1.35x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   28. total_seq_len > 45 and num_seqs <= 19 and mean_seq_len <= 6 and 10 < max_seq_len <= 21: triton_prefill_fused.c16v64, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   29. total_seq_len > 181 and num_seqs <= 5 and 21 < max_seq_len <= 495: cuda_prefill_staged.r32s4, 12 workloads, 2.85x (2.15x .. 3.69x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   30. 557 < total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 449: cuda_prefill_staged.r64s4, 4 workloads, 1.21x (1.05x .. 1.50x) over vllm_flashinfer_prefill
-#   31. total_seq_len > 724 and 5 < num_seqs <= 19 and 226 < max_seq_len <= 495: flashinfer_direct, 2 workloads, 3.47x (2.81x .. 4.28x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   32. 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   33. 1704 < total_seq_len <= 2896 and num_seqs <= 11 and 495 < max_seq_len <= 1380: cuda_prefill_staged.r32s4, 3 workloads, 2.14x (1.78x .. 2.70x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4
-#   34. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   35. total_seq_len > 2896 and num_seqs <= 11 and 495 < max_seq_len <= 1380: flashinfer_direct, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
-#   36. total_seq_len > 2896 and 11 < num_seqs <= 19 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
-#   37. total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and 439 < max_seq_len <= 550: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   38. total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len > 550: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   39. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 639: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   40. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and 639 < max_seq_len <= 1380: vllm_flashinfer_prefill (baseline), 0 workloads
-#   41. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 1380: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   42. total_seq_len > 2896 and num_seqs > 39 and 30 < mean_seq_len <= 45 and max_seq_len <= 5420: cuda_prefill_staged.r64s4, 2 workloads, 1.14x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   43. total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 30 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
-#   44. total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 45 and max_seq_len <= 5420: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
-#   45. total_seq_len > 3547 and num_seqs <= 2 and max_seq_len > 1380: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16
-#   46. 5258 < total_seq_len <= 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712: cuda_prefill_staged.r32s4, 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
-#   47. total_seq_len > 5258 and 2 < num_seqs <= 3 and mean_seq_len > 362 and max_seq_len > 1380: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
-#   48. total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 2712 < max_seq_len <= 3947: cuda_prefill_staged.r32s4, 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   49. total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and max_seq_len > 3947: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64
-#   50. total_seq_len > 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
-#   51. total_seq_len > 5792 and 11 < num_seqs <= 19 and 639 < max_seq_len <= 901: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   52. total_seq_len > 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
-#   53. total_seq_len > 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
+#   1. total_seq_len <= 22 and 3 < num_seqs <= 9 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   2. total_seq_len <= 22 and 3 < num_seqs <= 9 and 6 < max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   3. total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.85x (1.52x .. 2.24x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   4. total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and 4 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   5. total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and 11 < max_seq_len <= 314: cuda_prefill_staged.r32s4, 2 workloads, 1.19x (1.18x .. 1.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   6. total_seq_len <= 1475 and num_seqs <= 3 and max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.00x (7.66x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   7. total_seq_len <= 1475 and num_seqs <= 9 and max_seq_len > 10: cuda_prefill_staged.r32s4, 42 workloads, 3.23x (1.18x .. 5.75x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   8. total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len <= 90 and max_seq_len > 314: cuda_prefill_staged.r64s4, 11 workloads, 1.19x (1.07x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   9. total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len > 90 and 314 < max_seq_len <= 756: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   10. total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len > 90 and max_seq_len > 756: cuda_prefill_staged.r32s4, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   11. total_seq_len <= 5792 and 9 < num_seqs <= 45 and mean_seq_len > 45 and max_seq_len <= 314: flashinfer_direct, 6 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   12. total_seq_len <= 5792 and num_seqs > 45 and mean_seq_len > 45 and max_seq_len <= 206: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len <= 5792 and num_seqs > 45 and mean_seq_len > 45 and 206 < max_seq_len <= 314: vllm_flashinfer_prefill (baseline), 0 workloads
+#   14. 22 < total_seq_len <= 1475 and 3 < num_seqs <= 9 and mean_seq_len <= 5 and max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.68x (1.68x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   15. 22 < total_seq_len <= 1475 and 3 < num_seqs <= 9 and mean_seq_len > 5 and max_seq_len <= 10: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   16. 93 < total_seq_len <= 362 and 9 < num_seqs <= 17 and mean_seq_len <= 45 and max_seq_len <= 314: cuda_prefill_staged.r32s4, 6 workloads, 1.11x (1.06x .. 1.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. total_seq_len > 93 and num_seqs > 17 and mean_seq_len <= 45 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.57x (1.46x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   18. total_seq_len > 93 and num_seqs > 17 and mean_seq_len <= 45 and 6 < max_seq_len <= 314: cuda_prefill_staged.r64s4, 23 workloads, 1.34x (1.14x .. 1.55x) over vllm_flashinfer_prefill
+#   19. total_seq_len > 362 and 9 < num_seqs <= 17 and mean_seq_len <= 45 and max_seq_len <= 314: cuda_prefill_staged.r64s4, 2 workloads, 1.04x (1.04x .. 1.05x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. 1475 < total_seq_len <= 3505 and num_seqs <= 2 and max_seq_len <= 1380: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_cp.p4
+#   21. 1475 < total_seq_len <= 3505 and num_seqs <= 2 and max_seq_len > 1380: cuda_prefill_cp.p4, 3 workloads, 1.25x (1.12x .. 1.34x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   22. 1475 < total_seq_len <= 3505 and 2 < num_seqs <= 5: cuda_prefill_staged.r32s4, 3 workloads, 1.86x (1.06x .. 2.86x) over vllm_flashinfer_prefill
+#   23. 1475 < total_seq_len <= 3505 and 5 < num_seqs <= 9 and max_seq_len <= 529: vllm_flashinfer_prefill.cp_off, 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   24. 1475 < total_seq_len <= 3505 and 5 < num_seqs <= 9 and max_seq_len > 529: cuda_prefill_staged.r32s4, 2 workloads, 1.50x (1.21x .. 1.84x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   25. 2896 < total_seq_len <= 5792 and 9 < num_seqs <= 21 and 314 < max_seq_len <= 639: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   26. total_seq_len > 2896 and 9 < num_seqs <= 21 and 639 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 2896 and 9 < num_seqs <= 21 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   28. total_seq_len > 2896 and 21 < num_seqs <= 45 and max_seq_len > 4528: cuda_prefill_staged.r32s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
+#   29. total_seq_len > 2896 and num_seqs > 21 and mean_seq_len <= 22 and 314 < max_seq_len <= 4528: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   30. total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 22 and 314 < max_seq_len <= 4528: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
+#   31. total_seq_len > 2896 and num_seqs > 45 and max_seq_len > 4528: cuda_prefill_staged.r64s4, 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   32. 3505 < total_seq_len <= 4840 and 5 < num_seqs <= 9 and max_seq_len <= 1659: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   33. 3505 < total_seq_len <= 4840 and 5 < num_seqs <= 9 and max_seq_len > 1659: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
+#   34. total_seq_len > 3505 and num_seqs <= 5 and max_seq_len <= 1920: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it)
+#   35. total_seq_len > 3505 and num_seqs <= 5 and max_seq_len > 1920: vllm_flashinfer_prefill (baseline), 10 workloads
+#   36. total_seq_len > 4840 and 5 < num_seqs <= 9 and max_seq_len <= 1380: flashinfer_direct, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   37. total_seq_len > 4840 and 5 < num_seqs <= 9 and 1380 < max_seq_len <= 3402: cuda_prefill_staged.r32s4, 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
+#   38. total_seq_len > 4840 and 5 < num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64
+#   39. total_seq_len > 5792 and 9 < num_seqs <= 21 and 314 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
+#   40. total_seq_len > 5792 and num_seqs > 9 and mean_seq_len > 45 and max_seq_len <= 314: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 90 and mean_seq_len <= 22 and max_seq_len > 26: cuda_prefill_pool_rows.k16c8, 2 workloads, 6.03x (4.34x .. 8.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 107 and mean_seq_len > 22 and max_seq_len > 10: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.29x (5.81x .. 11.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 181 and num_seqs <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.67x (8.67x .. 8.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 181 and num_seqs <= 8 and 3 < max_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 3 workloads, 12.76x (9.18x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 181 and mean_seq_len <= 22 and 10 < max_seq_len <= 26: cuda_prefill_pool_rows.k8c8, 5 workloads, 6.07x (3.54x .. 13.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   6. total_seq_len <= 181 and 2 < num_seqs <= 8 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 181 and num_seqs > 8 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.37x (3.12x .. 6.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 181 and num_seqs > 8 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 4 workloads, 3.88x (3.03x .. 6.97x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. 90 < total_seq_len <= 181 and mean_seq_len <= 22 and max_seq_len > 26: cuda_prefill_pool_rows.k8c8, 4 workloads, 3.62x (2.91x .. 4.45x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   10. 107 < total_seq_len <= 181 and mean_seq_len > 22 and 10 < max_seq_len <= 98: cuda_prefill_pool_rows.k8c8, 2 workloads, 8.73x (7.09x .. 10.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. 107 < total_seq_len <= 181 and mean_seq_len > 22 and max_seq_len > 98: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.08x (7.87x .. 8.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. 181 < total_seq_len <= 362 and num_seqs <= 17 and 56 < max_seq_len <= 222: triton_prefill_fused.c16v32, 4 workloads, 7.70x (6.44x .. 8.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. 181 < total_seq_len <= 557 and num_seqs > 17 and max_seq_len <= 54: cuda_prefill_pool_rows.k2c8, 10 workloads, 3.37x (2.07x .. 5.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct
-#   14. 181 < total_seq_len <= 557 and num_seqs > 17 and max_seq_len > 54: cuda_prefill_staged.r64s4, 4 workloads, 2.31x (1.29x .. 3.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
-#   15. 181 < total_seq_len <= 4048 and num_seqs <= 17 and mean_seq_len <= 636 and max_seq_len > 222: cuda_prefill_staged.r32s4, 29 workloads, 4.18x (2.31x .. 7.44x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   16. 181 < total_seq_len <= 4048 and num_seqs <= 17 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 5 workloads, 4.95x (4.34x .. 5.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 181 < total_seq_len <= 4048 and num_seqs <= 17 and mean_seq_len > 636 and 222 < max_seq_len <= 1773: cuda_prefill_staged.r32s4, 3 workloads, 4.16x (3.04x .. 4.91x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, flashinfer_direct
-#   18. 181 < total_seq_len <= 4048 and num_seqs <= 17 and mean_seq_len > 636 and max_seq_len > 1773: cuda_prefill_cp.p4, 2 workloads, 2.53x (2.44x .. 2.61x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct
-#   19. 362 < total_seq_len <= 4048 and num_seqs <= 17 and 56 < max_seq_len <= 222: triton_prefill_fused.c16v64, 9 workloads, 4.28x (2.42x .. 9.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. 557 < total_seq_len <= 4048 and 17 < num_seqs <= 45 and max_seq_len <= 90: triton_prefill_fused.c16v64, 2 workloads, 3.17x (2.62x .. 3.83x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. 557 < total_seq_len <= 4048 and 17 < num_seqs <= 45 and max_seq_len > 90: cuda_prefill_staged.r64s4, 4 workloads, 1.76x (1.44x .. 1.94x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   22. 557 < total_seq_len <= 4048 and num_seqs > 45 and max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.56x (2.37x .. 3.00x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   23. 557 < total_seq_len <= 4048 and num_seqs > 45 and max_seq_len > 23: cuda_prefill_staged.r64s4, 9 workloads, 2.03x (1.77x .. 2.30x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   24. 4048 < total_seq_len <= 10278 and 11 < num_seqs <= 30 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 2 workloads, 1.70x (1.57x .. 1.85x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   25. 4048 < total_seq_len <= 11165 and 2 < num_seqs <= 5 and 4093 < max_seq_len <= 7152: cuda_prefill_staged.r32s4, 1 workloads, 1.79x (1.79x .. 1.79x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   26. 4048 < total_seq_len <= 19714 and num_seqs > 30 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 7 workloads, 1.86x (1.41x .. 2.38x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   27. total_seq_len > 4048 and num_seqs <= 1 and mean_seq_len > 5792 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16
-#   28. total_seq_len > 4048 and num_seqs <= 2 and mean_seq_len <= 5792 and max_seq_len > 4093: cuda_prefill_cp.p4, 1 workloads, 1.87x (1.87x .. 1.87x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16
-#   29. total_seq_len > 4048 and num_seqs <= 5 and max_seq_len <= 4093: cuda_prefill_staged.r32s4, 2 workloads, 3.15x (3.10x .. 3.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   30. total_seq_len > 4048 and 1 < num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 4093: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p16
-#   31. total_seq_len > 4048 and 2 < num_seqs <= 11 and 7152 < max_seq_len <= 16372: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   32. total_seq_len > 4048 and 2 < num_seqs <= 45 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 0 workloads
-#   33. total_seq_len > 4048 and 5 < num_seqs <= 11 and max_seq_len <= 1448: cuda_prefill_staged.r64s4, 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   34. total_seq_len > 4048 and 5 < num_seqs <= 11 and 1448 < max_seq_len <= 7152: cuda_prefill_staged.r32s4, 2 workloads, 2.47x (2.44x .. 2.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   35. total_seq_len > 4048 and num_seqs > 11 and 4093 < max_seq_len <= 16372: cuda_prefill_staged.r64s4, 4 workloads, 1.75x (1.65x .. 1.85x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   36. total_seq_len > 4048 and num_seqs > 45 and max_seq_len > 16372: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   37. total_seq_len > 10278 and 11 < num_seqs <= 30 and max_seq_len <= 4093: flashinfer_direct, 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   38. total_seq_len > 11165 and 2 < num_seqs <= 5 and 4093 < max_seq_len <= 7152: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
-#   39. total_seq_len > 19714 and num_seqs > 30 and max_seq_len <= 4093: flashinfer_direct, 2 workloads, 1.33x (1.24x .. 1.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 181 and num_seqs > 12 and mean_seq_len <= 502 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.37x (3.12x .. 6.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 181 and num_seqs > 12 and mean_seq_len <= 502 and 4 < max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.21x (3.15x .. 6.97x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   3. total_seq_len <= 267 and num_seqs <= 11 and mean_seq_len <= 502 and 101 < max_seq_len <= 122: cuda_prefill_staged.r64s4, 3 workloads, 7.29x (2.87x .. 12.28x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 267 and num_seqs <= 11 and mean_seq_len <= 502 and max_seq_len > 122: cuda_prefill_staged.r32s4, 7 workloads, 8.42x (5.13x .. 12.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 267 and num_seqs <= 12 and mean_seq_len <= 502 and max_seq_len <= 17: cuda_prefill_pool_rows.k8c8, 7 workloads, 8.78x (2.99x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 267 and mean_seq_len <= 11 and 17 < max_seq_len <= 101: cuda_prefill_staged.r32s4, 3 workloads, 4.69x (4.03x .. 5.52x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 267 and 11 < mean_seq_len <= 502 and 17 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 9 workloads, 8.27x (5.03x .. 12.46x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 267 and 11 < mean_seq_len <= 502 and 64 < max_seq_len <= 101: cuda_prefill_pool_rows.k16c8, 3 workloads, 6.90x (4.27x .. 11.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 267 and num_seqs > 11 and mean_seq_len <= 502 and max_seq_len > 101: cuda_prefill_staged.r32s4, 3 workloads, 3.25x (2.55x .. 4.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, flashinfer_direct
+#   10. total_seq_len <= 2896 and mean_seq_len > 502 and 1127 < max_seq_len <= 2045: cuda_prefill_staged.r32s4, 3 workloads, 5.13x (4.48x .. 5.91x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   11. total_seq_len <= 2896 and mean_seq_len > 502 and 2045 < max_seq_len <= 2597: cuda_prefill_cp.p4, 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, flashinfer_direct
+#   12. total_seq_len <= 6845 and num_seqs <= 2 and mean_seq_len > 502 and max_seq_len > 2597: cuda_prefill_cp.p8, 2 workloads, 3.26x (2.35x .. 4.54x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   13. total_seq_len <= 6845 and mean_seq_len > 502 and max_seq_len <= 1023: cuda_prefill_staged.r32s4, 6 workloads, 6.69x (5.10x .. 9.99x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   14. total_seq_len <= 6845 and mean_seq_len > 502 and 1023 < max_seq_len <= 1127: cuda_prefill_staged.r64s4, 1 workloads, 6.29x (6.29x .. 6.29x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   15. total_seq_len <= 6845 and num_seqs > 2 and mean_seq_len > 502 and max_seq_len > 2597: cuda_prefill_staged.r32s4, 2 workloads, 2.52x (2.24x .. 2.85x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   16. 181 < total_seq_len <= 267 and num_seqs > 12 and mean_seq_len <= 502 and max_seq_len <= 17: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.82x (2.76x .. 5.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 267 < total_seq_len <= 929 and num_seqs <= 46 and mean_seq_len <= 502 and max_seq_len <= 39: cuda_prefill_staged.r64s4, 4 workloads, 5.02x (3.77x .. 6.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   18. 267 < total_seq_len <= 929 and mean_seq_len <= 502 and max_seq_len > 39: cuda_prefill_staged.r32s4, 14 workloads, 5.47x (2.54x .. 9.85x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   19. 267 < total_seq_len <= 929 and 46 < num_seqs <= 90 and mean_seq_len <= 502 and max_seq_len <= 39: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.47x (3.00x .. 4.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. 267 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len <= 502 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.56x (2.07x .. 3.17x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. 267 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len <= 502 and 11 < max_seq_len <= 39: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   22. total_seq_len > 929 and mean_seq_len <= 502: cuda_prefill_staged.r64s4, 47 workloads, 3.13x (1.42x .. 10.55x) over vllm_flashinfer_prefill
+#   23. 2896 < total_seq_len <= 6845 and mean_seq_len > 502 and 1127 < max_seq_len <= 2597: cuda_prefill_staged.r32s4, 1 workloads, 3.37x (3.37x .. 3.37x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   24. 6845 < total_seq_len <= 12872 and num_seqs <= 2 and mean_seq_len > 502: cuda_prefill_cp.p8, 2 workloads, 1.52x (1.42x .. 1.62x) over vllm_flashinfer_prefill
+#   25. total_seq_len > 6845 and 2 < num_seqs <= 11 and mean_seq_len > 502 and max_seq_len <= 3402: cuda_prefill_staged.r32s4, 3 workloads, 4.12x (3.20x .. 4.95x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   26. total_seq_len > 6845 and 2 < num_seqs <= 11 and mean_seq_len > 502 and 3402 < max_seq_len <= 6611: cuda_prefill_staged.r32s4, 1 workloads, 1.92x (1.92x .. 1.92x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   27. total_seq_len > 6845 and 2 < num_seqs <= 11 and mean_seq_len > 502 and max_seq_len > 6611: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   28. total_seq_len > 6845 and num_seqs > 11 and 502 < mean_seq_len <= 724: cuda_prefill_staged.r64s4, 3 workloads, 2.24x (1.94x .. 2.78x) over vllm_flashinfer_prefill
+#   29. total_seq_len > 6845 and num_seqs > 11 and mean_seq_len > 724 and max_seq_len <= 5792: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct
+#   30. total_seq_len > 6845 and num_seqs > 11 and mean_seq_len > 724 and 5792 < max_seq_len <= 16376: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4
+#   31. total_seq_len > 6845 and num_seqs > 11 and mean_seq_len > 724 and max_seq_len > 16376: vllm_flashinfer_prefill (baseline), 0 workloads
+#   32. total_seq_len > 12872 and num_seqs <= 2 and mean_seq_len > 502: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p16, cuda_prefill_cp.p8
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (10, 21), 'mean_seq_len': (None, 6), 'num_seqs': (None, 19), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (4.53, 5.06, 5.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (41, 495), 'num_seqs': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (2.77, 3.3, 3.9), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (449, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (None, 557)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (226, 495), 'num_seqs': (5, 19), 'total_seq_len': (None, 724)}, 'workloads': 3, 'speedup': (1.11, 2.22, 3.62), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 901), 'num_seqs': (11, 19), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 1021), 'num_seqs': (None, 11), 'total_seq_len': (None, 1704)}, 'workloads': 7, 'speedup': (1.32, 1.72, 1.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1021, 1380), 'num_seqs': (None, 11), 'total_seq_len': (None, 1704)}, 'workloads': 2, 'speedup': (1.21, 1.3, 1.4), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (11, 19), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.11, 1.12, 1.13), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (30, 45), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 6, 'speedup': (1.06, 1.12, 1.16), 'fallbacks': ()},
-    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 856), 'mean_seq_len': (45, None), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.06, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (856, None), 'mean_seq_len': (45, None), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
-    {'region': 13, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1380, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 3547)}, 'workloads': 3, 'speedup': (1.08, 1.21, 1.3), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1380, 2712), 'mean_seq_len': (362, None), 'num_seqs': (2, 7), 'total_seq_len': (None, 5258)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2712, None), 'mean_seq_len': (362, None), 'num_seqs': (2, 11), 'total_seq_len': (None, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1380, 2712), 'mean_seq_len': (362, None), 'num_seqs': (7, 11), 'total_seq_len': (None, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 6), 'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (7.66, 8.0, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (6, None), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (6.86, 6.86, 6.86), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1380, None), 'mean_seq_len': (None, 362), 'num_seqs': (2, 11)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 6), 'num_seqs': (3, 19)}, 'workloads': 2, 'speedup': (1.34, 1.5, 1.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 226), 'num_seqs': (5, 19)}, 'workloads': 17, 'speedup': (1.05, 2.02, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (6, None), 'num_seqs': (5, 19)}, 'workloads': 5, 'speedup': (1.16, 1.78, 7.05), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 2), 'num_seqs': (19, 44)}, 'workloads': 1, 'speedup': (2.16, 2.16, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 449), 'mean_seq_len': (None, 2), 'num_seqs': (19, 44)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 449), 'mean_seq_len': (2, 30), 'num_seqs': (19, None)}, 'workloads': 16, 'speedup': (1.09, 1.29, 1.48), 'fallbacks': ()},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 2), 'num_seqs': (44, None)}, 'workloads': 5, 'speedup': (1.61, 1.66, 1.76), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 449), 'mean_seq_len': (None, 2), 'num_seqs': (44, None)}, 'workloads': 2, 'speedup': (1.35, 1.43, 1.51), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (10, 21), 'mean_seq_len': (None, 6), 'num_seqs': (None, 19), 'total_seq_len': (45, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (21, 495), 'num_seqs': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 12, 'speedup': (2.15, 2.85, 3.69), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (449, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (557, 2896)}, 'workloads': 4, 'speedup': (1.05, 1.21, 1.5), 'fallbacks': ()},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (226, 495), 'num_seqs': (5, 19), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (2.81, 3.47, 4.28), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 901), 'num_seqs': (11, 19), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 33, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 1380), 'num_seqs': (None, 11), 'total_seq_len': (1704, 2896)}, 'workloads': 3, 'speedup': (1.78, 2.14, 2.7), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4')},
-    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 1380), 'num_seqs': (None, 11), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ()},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (11, 19), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (439, 550), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (550, None), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 39, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (449, 639), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (639, 1380), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 41, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1380, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 42, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 5420), 'mean_seq_len': (30, 45), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.13, 1.14, 1.14), 'fallbacks': (), 'hand_back': True},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'mean_seq_len': (30, None), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 5420), 'mean_seq_len': (45, None), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1380, None), 'num_seqs': (None, 2), 'total_seq_len': (3547, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
-    {'region': 46, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1380, 2712), 'mean_seq_len': (362, None), 'num_seqs': (3, 11), 'total_seq_len': (5258, 11165)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1380, None), 'mean_seq_len': (362, None), 'num_seqs': (2, 3), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
-    {'region': 48, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2712, 3947), 'mean_seq_len': (362, None), 'num_seqs': (3, 11), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.44, 1.44, 1.44), 'fallbacks': (), 'hand_back': True},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3947, None), 'mean_seq_len': (362, None), 'num_seqs': (3, 11), 'total_seq_len': (5258, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (495, 639), 'num_seqs': (11, 19), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
-    {'region': 51, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 901), 'num_seqs': (11, 19), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
-    {'region': 53, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1380, 2712), 'mean_seq_len': (362, None), 'num_seqs': (3, 11), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (3, 9), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, 10), 'num_seqs': (3, 9), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (None, 93)}, 'workloads': 2, 'speedup': (1.52, 1.85, 2.24), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 11), 'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (1.75, 1.75, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (11, 314), 'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (None, 93)}, 'workloads': 2, 'speedup': (1.18, 1.19, 1.2), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (None, 3), 'total_seq_len': (None, 1475)}, 'workloads': 4, 'speedup': (7.66, 8.0, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (10, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 42, 'speedup': (1.18, 3.23, 5.75), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (314, None), 'mean_seq_len': (None, 90), 'num_seqs': (9, None), 'total_seq_len': (None, 2896)}, 'workloads': 11, 'speedup': (1.07, 1.19, 1.55), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (314, 756), 'mean_seq_len': (90, None), 'num_seqs': (9, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (756, None), 'mean_seq_len': (90, None), 'num_seqs': (9, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (45, None), 'num_seqs': (9, 45), 'total_seq_len': (None, 5792)}, 'workloads': 6, 'speedup': (1.06, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 206), 'mean_seq_len': (45, None), 'num_seqs': (45, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (206, 314), 'mean_seq_len': (45, None), 'num_seqs': (45, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 5), 'num_seqs': (3, 9), 'total_seq_len': (22, 1475)}, 'workloads': 1, 'speedup': (1.68, 1.68, 1.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (5, None), 'num_seqs': (3, 9), 'total_seq_len': (22, 1475)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (None, 45), 'num_seqs': (9, 17), 'total_seq_len': (93, 362)}, 'workloads': 6, 'speedup': (1.06, 1.11, 1.16), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 45), 'num_seqs': (17, None), 'total_seq_len': (93, None)}, 'workloads': 5, 'speedup': (1.46, 1.57, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (6, 314), 'mean_seq_len': (None, 45), 'num_seqs': (17, None), 'total_seq_len': (93, None)}, 'workloads': 23, 'speedup': (1.14, 1.34, 1.55), 'fallbacks': ()},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (None, 45), 'num_seqs': (9, 17), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.04, 1.04, 1.05), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 1380), 'num_seqs': (None, 2), 'total_seq_len': (1475, 3505)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4')},
+    {'region': 21, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1380, None), 'num_seqs': (None, 2), 'total_seq_len': (1475, 3505)}, 'workloads': 3, 'speedup': (1.12, 1.25, 1.34), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (2, 5), 'total_seq_len': (1475, 3505)}, 'workloads': 3, 'speedup': (1.06, 1.86, 2.86), 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 529), 'num_seqs': (5, 9), 'total_seq_len': (1475, 3505)}, 'workloads': 1, 'speedup': (4.29, 4.29, 4.29), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (529, None), 'num_seqs': (5, 9), 'total_seq_len': (1475, 3505)}, 'workloads': 2, 'speedup': (1.21, 1.5, 1.84), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (314, 639), 'num_seqs': (9, 21), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 962), 'num_seqs': (9, 21), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (9, 21), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (21, 45), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ('cuda_prefill_staged.r64s4',), 'hand_back': True},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (314, 4528), 'mean_seq_len': (None, 22), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (314, 4528), 'mean_seq_len': (22, None), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (45, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': (), 'hand_back': True},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1659), 'num_seqs': (5, 9), 'total_seq_len': (3505, 4840)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1659, None), 'num_seqs': (5, 9), 'total_seq_len': (3505, 4840)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 1920), 'num_seqs': (None, 5), 'total_seq_len': (3505, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1920, None), 'num_seqs': (None, 5), 'total_seq_len': (3505, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1380), 'num_seqs': (5, 9), 'total_seq_len': (4840, None)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 37, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1380, 3402), 'num_seqs': (5, 9), 'total_seq_len': (4840, None)}, 'workloads': 1, 'speedup': (1.53, 1.53, 1.53), 'fallbacks': ('cuda_prefill_staged.r64s4',), 'hand_back': True},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (5, 9), 'total_seq_len': (4840, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (314, 639), 'num_seqs': (9, 21), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (45, None), 'num_seqs': (9, None), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (None, 22), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (4.34, 6.03, 8.37), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (10, None), 'mean_seq_len': (22, None), 'total_seq_len': (None, 107)}, 'workloads': 3, 'speedup': (5.81, 8.29, 11.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (8.67, 8.67, 8.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (3, 10), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (9.18, 12.76, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (10, 26), 'mean_seq_len': (None, 22), 'total_seq_len': (None, 181)}, 'workloads': 5, 'speedup': (3.54, 6.07, 13.03), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (2, 8), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (3.12, 4.37, 6.12), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 10), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (3.03, 3.88, 6.97), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (None, 22), 'total_seq_len': (90, 181)}, 'workloads': 4, 'speedup': (2.91, 3.62, 4.45), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (10, 98), 'mean_seq_len': (22, None), 'total_seq_len': (107, 181)}, 'workloads': 2, 'speedup': (7.09, 8.73, 10.75), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (98, None), 'mean_seq_len': (22, None), 'total_seq_len': (107, 181)}, 'workloads': 2, 'speedup': (7.87, 8.08, 8.31), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (56, 222), 'num_seqs': (None, 17), 'total_seq_len': (181, 362)}, 'workloads': 4, 'speedup': (6.44, 7.7, 8.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 54), 'num_seqs': (17, None), 'total_seq_len': (181, 557)}, 'workloads': 10, 'speedup': (2.07, 3.37, 5.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (54, None), 'num_seqs': (17, None), 'total_seq_len': (181, 557)}, 'workloads': 4, 'speedup': (1.29, 2.31, 3.13), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (222, None), 'mean_seq_len': (None, 636), 'num_seqs': (None, 17), 'total_seq_len': (181, 4048)}, 'workloads': 29, 'speedup': (2.31, 4.18, 7.44), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'num_seqs': (None, 17), 'total_seq_len': (181, 4048)}, 'workloads': 5, 'speedup': (4.34, 4.95, 5.73), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (222, 1773), 'mean_seq_len': (636, None), 'num_seqs': (None, 17), 'total_seq_len': (181, 4048)}, 'workloads': 3, 'speedup': (3.04, 4.16, 4.91), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_direct')},
-    {'region': 18, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1773, None), 'mean_seq_len': (636, None), 'num_seqs': (None, 17), 'total_seq_len': (181, 4048)}, 'workloads': 2, 'speedup': (2.44, 2.53, 2.61), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (56, 222), 'num_seqs': (None, 17), 'total_seq_len': (362, 4048)}, 'workloads': 9, 'speedup': (2.42, 4.28, 9.54), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 90), 'num_seqs': (17, 45), 'total_seq_len': (557, 4048)}, 'workloads': 2, 'speedup': (2.62, 3.17, 3.83), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (17, 45), 'total_seq_len': (557, 4048)}, 'workloads': 4, 'speedup': (1.44, 1.76, 1.94), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 23), 'num_seqs': (45, None), 'total_seq_len': (557, 4048)}, 'workloads': 4, 'speedup': (2.37, 2.56, 3.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (23, None), 'num_seqs': (45, None), 'total_seq_len': (557, 4048)}, 'workloads': 9, 'speedup': (1.77, 2.03, 2.3), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (11, 30), 'total_seq_len': (4048, 10278)}, 'workloads': 2, 'speedup': (1.57, 1.7, 1.85), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (4093, 7152), 'num_seqs': (2, 5), 'total_seq_len': (4048, 11165)}, 'workloads': 1, 'speedup': (1.79, 1.79, 1.79), 'fallbacks': (), 'hand_back': True},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (30, None), 'total_seq_len': (4048, 19714)}, 'workloads': 7, 'speedup': (1.41, 1.86, 2.38), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (5792, None), 'num_seqs': (None, 1), 'total_seq_len': (4048, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
-    {'region': 28, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 2), 'total_seq_len': (4048, None)}, 'workloads': 1, 'speedup': (1.87, 1.87, 1.87), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16')},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (None, 5), 'total_seq_len': (4048, None)}, 'workloads': 2, 'speedup': (3.1, 3.15, 3.2), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 30, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (5792, None), 'num_seqs': (1, 2), 'total_seq_len': (4048, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p16',)},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7152, 16372), 'num_seqs': (2, 11), 'total_seq_len': (4048, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'num_seqs': (2, 45), 'total_seq_len': (4048, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1448), 'num_seqs': (5, 11), 'total_seq_len': (4048, None)}, 'workloads': 1, 'speedup': (2.63, 2.63, 2.63), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 34, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1448, 7152), 'num_seqs': (5, 11), 'total_seq_len': (4048, None)}, 'workloads': 2, 'speedup': (2.44, 2.47, 2.5), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4093, 16372), 'num_seqs': (11, None), 'total_seq_len': (4048, None)}, 'workloads': 4, 'speedup': (1.65, 1.75, 1.85), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16372, None), 'num_seqs': (45, None), 'total_seq_len': (4048, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (11, 30), 'total_seq_len': (10278, None)}, 'workloads': 1, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, 7152), 'num_seqs': (2, 5), 'total_seq_len': (11165, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (30, None), 'total_seq_len': (19714, None)}, 'workloads': 2, 'speedup': (1.24, 1.33, 1.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 502), 'num_seqs': (12, None), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (3.12, 4.37, 6.12), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 17), 'mean_seq_len': (None, 502), 'num_seqs': (12, None), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (3.15, 4.21, 6.97), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (101, 122), 'mean_seq_len': (None, 502), 'num_seqs': (None, 11), 'total_seq_len': (None, 267)}, 'workloads': 3, 'speedup': (2.87, 7.29, 12.28), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (122, None), 'mean_seq_len': (None, 502), 'num_seqs': (None, 11), 'total_seq_len': (None, 267)}, 'workloads': 7, 'speedup': (5.13, 8.42, 12.56), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (None, 502), 'num_seqs': (None, 12), 'total_seq_len': (None, 267)}, 'workloads': 7, 'speedup': (2.99, 8.78, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (17, 101), 'mean_seq_len': (None, 11), 'total_seq_len': (None, 267)}, 'workloads': 3, 'speedup': (4.03, 4.69, 5.52), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (17, 64), 'mean_seq_len': (11, 502), 'total_seq_len': (None, 267)}, 'workloads': 9, 'speedup': (5.03, 8.27, 12.46), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (64, 101), 'mean_seq_len': (11, 502), 'total_seq_len': (None, 267)}, 'workloads': 3, 'speedup': (4.27, 6.9, 11.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (101, None), 'mean_seq_len': (None, 502), 'num_seqs': (11, None), 'total_seq_len': (None, 267)}, 'workloads': 3, 'speedup': (2.55, 3.25, 4.61), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1127, 2045), 'mean_seq_len': (502, None), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (4.48, 5.13, 5.91), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 11, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (2045, 2597), 'mean_seq_len': (502, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (5.94, 5.94, 5.94), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'flashinfer_direct')},
+    {'region': 12, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2597, None), 'mean_seq_len': (502, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 6845)}, 'workloads': 2, 'speedup': (2.35, 3.26, 4.54), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 1023), 'mean_seq_len': (502, None), 'total_seq_len': (None, 6845)}, 'workloads': 6, 'speedup': (5.1, 6.69, 9.99), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1023, 1127), 'mean_seq_len': (502, None), 'total_seq_len': (None, 6845)}, 'workloads': 1, 'speedup': (6.29, 6.29, 6.29), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2597, None), 'mean_seq_len': (502, None), 'num_seqs': (2, None), 'total_seq_len': (None, 6845)}, 'workloads': 2, 'speedup': (2.24, 2.52, 2.85), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (None, 502), 'num_seqs': (12, None), 'total_seq_len': (181, 267)}, 'workloads': 3, 'speedup': (2.76, 3.82, 5.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (None, 502), 'num_seqs': (None, 46), 'total_seq_len': (267, 929)}, 'workloads': 4, 'speedup': (3.77, 5.02, 6.14), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (None, 502), 'total_seq_len': (267, 929)}, 'workloads': 14, 'speedup': (2.54, 5.47, 9.85), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (None, 502), 'num_seqs': (46, 90), 'total_seq_len': (267, 929)}, 'workloads': 2, 'speedup': (3.0, 3.47, 4.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 502), 'num_seqs': (90, None), 'total_seq_len': (267, 929)}, 'workloads': 2, 'speedup': (2.07, 2.56, 3.17), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (11, 39), 'mean_seq_len': (None, 502), 'num_seqs': (90, None), 'total_seq_len': (267, 929)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 502), 'total_seq_len': (929, None)}, 'workloads': 47, 'speedup': (1.42, 3.13, 10.55), 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1127, 2597), 'mean_seq_len': (502, None), 'total_seq_len': (2896, 6845)}, 'workloads': 1, 'speedup': (3.37, 3.37, 3.37), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 24, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (502, None), 'num_seqs': (None, 2), 'total_seq_len': (6845, 12872)}, 'workloads': 2, 'speedup': (1.42, 1.52, 1.62), 'fallbacks': ()},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 3402), 'mean_seq_len': (502, None), 'num_seqs': (2, 11), 'total_seq_len': (6845, None)}, 'workloads': 3, 'speedup': (3.2, 4.12, 4.95), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (3402, 6611), 'mean_seq_len': (502, None), 'num_seqs': (2, 11), 'total_seq_len': (6845, None)}, 'workloads': 1, 'speedup': (1.92, 1.92, 1.92), 'fallbacks': (), 'hand_back': True},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (6611, None), 'mean_seq_len': (502, None), 'num_seqs': (2, 11), 'total_seq_len': (6845, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (502, 724), 'num_seqs': (11, None), 'total_seq_len': (6845, None)}, 'workloads': 3, 'speedup': (1.94, 2.24, 2.78), 'fallbacks': ()},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 5792), 'mean_seq_len': (724, None), 'num_seqs': (11, None), 'total_seq_len': (6845, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (5792, 16376), 'mean_seq_len': (724, None), 'num_seqs': (11, None), 'total_seq_len': (6845, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16376, None), 'mean_seq_len': (724, None), 'num_seqs': (11, None), 'total_seq_len': (6845, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (502, None), 'num_seqs': (None, 2), 'total_seq_len': (12872, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -411,298 +336,234 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 45 and num_seqs <= 19 and mean_seq_len <= 6 and 10 < max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 3 workloads, 5.06x (4.53x .. 5.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 5 and 21 < max_seq_len <= 41:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 6 workloads, 3.30x (2.77x .. 3.90x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 5 and 41 < max_seq_len <= 495:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 4: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 557 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 449:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 5: 3 workloads, 2.22x (1.11x .. 3.62x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and 5 < num_seqs <= 19 and 226 < max_seq_len <= 495:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1448 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 7: 7 workloads, 1.72x (1.32x .. 1.98x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1704 and num_seqs <= 11 and 495 < max_seq_len <= 1021:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 2 workloads, 1.30x (1.21x .. 1.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1704 and num_seqs <= 11 and 1021 < max_seq_len <= 1380:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p4'
-    # region 9: 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and 11 < num_seqs <= 19 and max_seq_len > 901:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 10: 6 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 19 and 30 < mean_seq_len <= 45:
-        return 'cuda_prefill_staged.r64s4'
-    # region 11: 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len <= 856:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 12: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len > 856:
-        return 'cuda_prefill_staged.r64s4'
-    # region 13: 3 workloads, 1.21x (1.08x .. 1.30x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3547 and num_seqs <= 2 and max_seq_len > 1380:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
-    # region 14: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 5258 and 2 < num_seqs <= 7 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 5258 and 7 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712:
-        return 'cuda_prefill_staged.r32s4'
-    # region 17: 4 workloads, 8.00x (7.66x .. 8.73x) over vllm_flashinfer_prefill
-    if num_seqs <= 3 and mean_seq_len <= 6 and max_seq_len <= 10:
+    if total_seq_len <= 22 and 3 < num_seqs <= 9 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 22 and 3 < num_seqs <= 9 and 6 < max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 2 workloads, 1.85x (1.52x .. 2.24x) over vllm_flashinfer_prefill
+    if total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and 4 < max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 2 workloads, 1.19x (1.18x .. 1.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and 11 < max_seq_len <= 314:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 4 workloads, 8.00x (7.66x .. 8.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1475 and num_seqs <= 3 and max_seq_len <= 10:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 18: 1 workloads, 6.86x (6.86x .. 6.86x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 19: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
-    if 2 < num_seqs <= 11 and mean_seq_len <= 362 and max_seq_len > 1380:
+    # region 7: 42 workloads, 3.23x (1.18x .. 5.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1475 and num_seqs <= 9 and max_seq_len > 10:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 20: 2 workloads, 1.50x (1.34x .. 1.68x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 19 and mean_seq_len <= 6 and max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 21: 17 workloads, 2.02x (1.05x .. 5.79x) over vllm_flashinfer_prefill
-    if 5 < num_seqs <= 19 and 21 < max_seq_len <= 226:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 22: 5 workloads, 1.78x (1.16x .. 7.05x) over vllm_flashinfer_prefill
-    if 5 < num_seqs <= 19 and mean_seq_len > 6 and max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 23: 1 workloads, 2.16x (2.16x .. 2.16x) over vllm_flashinfer_prefill
-    if 19 < num_seqs <= 44 and mean_seq_len <= 2 and max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if 19 < num_seqs <= 44 and mean_seq_len <= 2 and 16 < max_seq_len <= 449:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 16 workloads, 1.29x (1.09x .. 1.48x) over vllm_flashinfer_prefill
-    if num_seqs > 19 and 2 < mean_seq_len <= 30 and max_seq_len <= 449:
-        return 'cuda_prefill_staged.r64s4'
-    # region 26: 5 workloads, 1.66x (1.61x .. 1.76x) over vllm_flashinfer_prefill
-    if num_seqs > 44 and mean_seq_len <= 2 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 2 workloads, 1.43x (1.35x .. 1.51x) over vllm_flashinfer_prefill
-    if num_seqs > 44 and mean_seq_len <= 2 and 11 < max_seq_len <= 449:
+    # region 8: 11 workloads, 1.19x (1.07x .. 1.55x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len <= 90 and max_seq_len > 314:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 45 and num_seqs <= 19 and mean_seq_len <= 6 and 10 < max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 29: 12 workloads, 2.85x (2.15x .. 3.69x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 5 and 21 < max_seq_len <= 495:
-        return ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 30: 4 workloads, 1.21x (1.05x .. 1.50x) over vllm_flashinfer_prefill
-    if 557 < total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 449:
-        return 'cuda_prefill_staged.r64s4'
-    # region 31: 2 workloads, 3.47x (2.81x .. 4.28x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and 5 < num_seqs <= 19 and 226 < max_seq_len <= 495:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 32: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901:
+    # region 9: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len > 90 and 314 < max_seq_len <= 756:
         return 'flashinfer_direct'
-    # region 33: 3 workloads, 2.14x (1.78x .. 2.70x) over vllm_flashinfer_prefill
-    if 1704 < total_seq_len <= 2896 and num_seqs <= 11 and 495 < max_seq_len <= 1380:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439:
+    # region 10: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len > 90 and max_seq_len > 756:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 11: 6 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and 9 < num_seqs <= 45 and mean_seq_len > 45 and max_seq_len <= 314:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 35: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs <= 11 and 495 < max_seq_len <= 1380:
-        return 'flashinfer_direct'
-    # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 11 < num_seqs <= 19 and max_seq_len > 901:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and 439 < max_seq_len <= 550:
-        return 'flashinfer_direct'
-    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len > 550:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 639:
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 5792 and num_seqs > 45 and mean_seq_len > 45 and max_seq_len <= 206:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 14: 1 workloads, 1.68x (1.68x .. 1.68x) over vllm_flashinfer_prefill
+    if 22 < total_seq_len <= 1475 and 3 < num_seqs <= 9 and mean_seq_len <= 5 and max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if 22 < total_seq_len <= 1475 and 3 < num_seqs <= 9 and mean_seq_len > 5 and max_seq_len <= 10:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 16: 6 workloads, 1.11x (1.06x .. 1.16x) over vllm_flashinfer_prefill
+    if 93 < total_seq_len <= 362 and 9 < num_seqs <= 17 and mean_seq_len <= 45 and max_seq_len <= 314:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 17: 5 workloads, 1.57x (1.46x .. 1.66x) over vllm_flashinfer_prefill
+    if total_seq_len > 93 and num_seqs > 17 and mean_seq_len <= 45 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 18: 23 workloads, 1.34x (1.14x .. 1.55x) over vllm_flashinfer_prefill
+    if total_seq_len > 93 and num_seqs > 17 and mean_seq_len <= 45 and 6 < max_seq_len <= 314:
         return 'cuda_prefill_staged.r64s4'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 1380:
-        return 'cuda_prefill_staged.r64s4'
-    # region 42: 2 workloads, 1.14x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 2896 and num_seqs > 39 and 30 < mean_seq_len <= 45 and max_seq_len <= 5420:
-        return 'cuda_prefill_staged.r64s4'
-    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 30 and max_seq_len > 5420:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 45 and max_seq_len <= 5420:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3547 and num_seqs <= 2 and max_seq_len > 1380:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill's guarded call
-    if 5258 < total_seq_len <= 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 47: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5258 and 2 < num_seqs <= 3 and mean_seq_len > 362 and max_seq_len > 1380:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 2712 < max_seq_len <= 3947:
+    # region 19: 2 workloads, 1.04x (1.04x .. 1.05x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and 9 < num_seqs <= 17 and mean_seq_len <= 45 and max_seq_len <= 314:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if 1475 < total_seq_len <= 3505 and num_seqs <= 2 and max_seq_len <= 1380:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 21: 3 workloads, 1.25x (1.12x .. 1.34x) over vllm_flashinfer_prefill
+    if 1475 < total_seq_len <= 3505 and num_seqs <= 2 and max_seq_len > 1380:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
+    # region 22: 3 workloads, 1.86x (1.06x .. 2.86x) over vllm_flashinfer_prefill
+    if 1475 < total_seq_len <= 3505 and 2 < num_seqs <= 5:
         return 'cuda_prefill_staged.r32s4'
-    # region 49: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and max_seq_len > 3947:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 50: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 639:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 51: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 5792 and 11 < num_seqs <= 19 and 639 < max_seq_len <= 901:
+    # region 23: 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill
+    if 1475 < total_seq_len <= 3505 and 5 < num_seqs <= 9 and max_seq_len <= 529:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 24: 2 workloads, 1.50x (1.21x .. 1.84x) over vllm_flashinfer_prefill
+    if 1475 < total_seq_len <= 3505 and 5 < num_seqs <= 9 and max_seq_len > 529:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 5792 and 9 < num_seqs <= 21 and 314 < max_seq_len <= 639:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and 9 < num_seqs <= 21 and 639 < max_seq_len <= 962:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 52: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439:
+    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and 9 < num_seqs <= 21 and max_seq_len > 962:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 28: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 2896 and 21 < num_seqs <= 45 and max_seq_len > 4528:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and num_seqs > 21 and mean_seq_len <= 22 and 314 < max_seq_len <= 4528:
+        return 'cuda_prefill_staged.r64s4'
+    # region 30: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 22 and 314 < max_seq_len <= 4528:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 31: 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 2896 and num_seqs > 45 and max_seq_len > 4528:
+        return 'cuda_prefill_staged.r64s4'
+    # region 32: 0 workloads, by estimated times (no measured workload in it)
+    if 3505 < total_seq_len <= 4840 and 5 < num_seqs <= 9 and max_seq_len <= 1659:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
+    # region 33: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 3505 < total_seq_len <= 4840 and 5 < num_seqs <= 9 and max_seq_len > 1659:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 3505 and num_seqs <= 5 and max_seq_len <= 1920:
+        return 'cuda_prefill_staged.r32s4'
+    # region 36: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
+    if total_seq_len > 4840 and 5 < num_seqs <= 9 and max_seq_len <= 1380:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 37: 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 4840 and 5 < num_seqs <= 9 and 1380 < max_seq_len <= 3402:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4840 and 5 < num_seqs <= 9 and max_seq_len > 3402:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 9 < num_seqs <= 21 and 314 < max_seq_len <= 639:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 53: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 40: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs > 9 and mean_seq_len > 45 and max_seq_len <= 314:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 6.03x (4.34x .. 8.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and mean_seq_len <= 22 and max_seq_len > 26:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 3 workloads, 8.29x (5.81x .. 11.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 107 and mean_seq_len > 22 and max_seq_len > 10:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 1 workloads, 8.67x (8.67x .. 8.67x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 2 and max_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 3 workloads, 12.76x (9.18x .. 15.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 8 and 3 < max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 5 workloads, 6.07x (3.54x .. 13.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and mean_seq_len <= 22 and 10 < max_seq_len <= 26:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and 2 < num_seqs <= 8 and max_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 3 workloads, 4.37x (3.12x .. 6.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 8 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 4 workloads, 3.88x (3.03x .. 6.97x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 8 and 4 < max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 4 workloads, 3.62x (2.91x .. 4.45x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 181 and mean_seq_len <= 22 and max_seq_len > 26:
-        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 10: 2 workloads, 8.73x (7.09x .. 10.75x) over vllm_flashinfer_prefill
-    if 107 < total_seq_len <= 181 and mean_seq_len > 22 and 10 < max_seq_len <= 98:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 11: 2 workloads, 8.08x (7.87x .. 8.31x) over vllm_flashinfer_prefill
-    if 107 < total_seq_len <= 181 and mean_seq_len > 22 and max_seq_len > 98:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 12: 4 workloads, 7.70x (6.44x .. 8.98x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 362 and num_seqs <= 17 and 56 < max_seq_len <= 222:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 13: 10 workloads, 3.37x (2.07x .. 5.98x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 557 and num_seqs > 17 and max_seq_len <= 54:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 4 workloads, 2.31x (1.29x .. 3.13x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 557 and num_seqs > 17 and max_seq_len > 54:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 29 workloads, 4.18x (2.31x .. 7.44x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 4048 and num_seqs <= 17 and mean_seq_len <= 636 and max_seq_len > 222:
+    # region 1: 3 workloads, 4.37x (3.12x .. 6.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 12 and mean_seq_len <= 502 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 4 workloads, 4.21x (3.15x .. 6.97x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 12 and mean_seq_len <= 502 and 4 < max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 3 workloads, 7.29x (2.87x .. 12.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 267 and num_seqs <= 11 and mean_seq_len <= 502 and 101 < max_seq_len <= 122:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 4: 7 workloads, 8.42x (5.13x .. 12.56x) over vllm_flashinfer_prefill
+    if total_seq_len <= 267 and num_seqs <= 11 and mean_seq_len <= 502 and max_seq_len > 122:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 5: 7 workloads, 8.78x (2.99x .. 15.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 267 and num_seqs <= 12 and mean_seq_len <= 502 and max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 3 workloads, 4.69x (4.03x .. 5.52x) over vllm_flashinfer_prefill
+    if total_seq_len <= 267 and mean_seq_len <= 11 and 17 < max_seq_len <= 101:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 7: 9 workloads, 8.27x (5.03x .. 12.46x) over vllm_flashinfer_prefill
+    if total_seq_len <= 267 and 11 < mean_seq_len <= 502 and 17 < max_seq_len <= 64:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 8: 3 workloads, 6.90x (4.27x .. 11.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 267 and 11 < mean_seq_len <= 502 and 64 < max_seq_len <= 101:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 9: 3 workloads, 3.25x (2.55x .. 4.61x) over vllm_flashinfer_prefill
+    if total_seq_len <= 267 and num_seqs > 11 and mean_seq_len <= 502 and max_seq_len > 101:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 10: 3 workloads, 5.13x (4.48x .. 5.91x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and mean_seq_len > 502 and 1127 < max_seq_len <= 2045:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 16: 5 workloads, 4.95x (4.34x .. 5.73x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 4048 and num_seqs <= 17 and max_seq_len <= 56:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 3 workloads, 4.16x (3.04x .. 4.91x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 4048 and num_seqs <= 17 and mean_seq_len > 636 and 222 < max_seq_len <= 1773:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 18: 2 workloads, 2.53x (2.44x .. 2.61x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 4048 and num_seqs <= 17 and mean_seq_len > 636 and max_seq_len > 1773:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
-    # region 19: 9 workloads, 4.28x (2.42x .. 9.54x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 4048 and num_seqs <= 17 and 56 < max_seq_len <= 222:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 20: 2 workloads, 3.17x (2.62x .. 3.83x) over vllm_flashinfer_prefill
-    if 557 < total_seq_len <= 4048 and 17 < num_seqs <= 45 and max_seq_len <= 90:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 21: 4 workloads, 1.76x (1.44x .. 1.94x) over vllm_flashinfer_prefill
-    if 557 < total_seq_len <= 4048 and 17 < num_seqs <= 45 and max_seq_len > 90:
+    # region 11: 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and mean_seq_len > 502 and 2045 < max_seq_len <= 2597:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
+    # region 12: 2 workloads, 3.26x (2.35x .. 4.54x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6845 and num_seqs <= 2 and mean_seq_len > 502 and max_seq_len > 2597:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
+    # region 13: 6 workloads, 6.69x (5.10x .. 9.99x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6845 and mean_seq_len > 502 and max_seq_len <= 1023:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 14: 1 workloads, 6.29x (6.29x .. 6.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6845 and mean_seq_len > 502 and 1023 < max_seq_len <= 1127:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 4 workloads, 2.56x (2.37x .. 3.00x) over vllm_flashinfer_prefill
-    if 557 < total_seq_len <= 4048 and num_seqs > 45 and max_seq_len <= 23:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 9 workloads, 2.03x (1.77x .. 2.30x) over vllm_flashinfer_prefill
-    if 557 < total_seq_len <= 4048 and num_seqs > 45 and max_seq_len > 23:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 2 workloads, 1.70x (1.57x .. 1.85x) over vllm_flashinfer_prefill
-    if 4048 < total_seq_len <= 10278 and 11 < num_seqs <= 30 and max_seq_len <= 4093:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 1 workloads, 1.79x (1.79x .. 1.79x) over vllm_flashinfer_prefill's guarded call
-    if 4048 < total_seq_len <= 11165 and 2 < num_seqs <= 5 and 4093 < max_seq_len <= 7152:
-        return 'cuda_prefill_staged.r32s4'
-    # region 26: 7 workloads, 1.86x (1.41x .. 2.38x) over vllm_flashinfer_prefill
-    if 4048 < total_seq_len <= 19714 and num_seqs > 30 and max_seq_len <= 4093:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 27: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4048 and num_seqs <= 1 and mean_seq_len > 5792 and max_seq_len > 4093:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 1 workloads, 1.87x (1.87x .. 1.87x) over vllm_flashinfer_prefill
-    if total_seq_len > 4048 and num_seqs <= 2 and mean_seq_len <= 5792 and max_seq_len > 4093:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p4'
-    # region 29: 2 workloads, 3.15x (3.10x .. 3.20x) over vllm_flashinfer_prefill
-    if total_seq_len > 4048 and num_seqs <= 5 and max_seq_len <= 4093:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 4048 and 1 < num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 4093:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
-    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4048 and 2 < num_seqs <= 11 and 7152 < max_seq_len <= 16372:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill
-    if total_seq_len > 4048 and 5 < num_seqs <= 11 and max_seq_len <= 1448:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 34: 2 workloads, 2.47x (2.44x .. 2.50x) over vllm_flashinfer_prefill
-    if total_seq_len > 4048 and 5 < num_seqs <= 11 and 1448 < max_seq_len <= 7152:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 35: 4 workloads, 1.75x (1.65x .. 1.85x) over vllm_flashinfer_prefill
-    if total_seq_len > 4048 and num_seqs > 11 and 4093 < max_seq_len <= 16372:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 4048 and num_seqs > 45 and max_seq_len > 16372:
+    # region 15: 2 workloads, 2.52x (2.24x .. 2.85x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6845 and num_seqs > 2 and mean_seq_len > 502 and max_seq_len > 2597:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 16: 3 workloads, 3.82x (2.76x .. 5.73x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 267 and num_seqs > 12 and mean_seq_len <= 502 and max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 17: 4 workloads, 5.02x (3.77x .. 6.14x) over vllm_flashinfer_prefill
+    if 267 < total_seq_len <= 929 and num_seqs <= 46 and mean_seq_len <= 502 and max_seq_len <= 39:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 18: 14 workloads, 5.47x (2.54x .. 9.85x) over vllm_flashinfer_prefill
+    if 267 < total_seq_len <= 929 and mean_seq_len <= 502 and max_seq_len > 39:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 19: 2 workloads, 3.47x (3.00x .. 4.00x) over vllm_flashinfer_prefill
+    if 267 < total_seq_len <= 929 and 46 < num_seqs <= 90 and mean_seq_len <= 502 and max_seq_len <= 39:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 2 workloads, 2.56x (2.07x .. 3.17x) over vllm_flashinfer_prefill
+    if 267 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len <= 502 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if 267 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len <= 502 and 11 < max_seq_len <= 39:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 22: 47 workloads, 3.13x (1.42x .. 10.55x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and mean_seq_len <= 502:
         return 'cuda_prefill_staged.r64s4'
-    # region 37: 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill
-    if total_seq_len > 10278 and 11 < num_seqs <= 30 and max_seq_len <= 4093:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 38: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11165 and 2 < num_seqs <= 5 and 4093 < max_seq_len <= 7152:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 2 workloads, 1.33x (1.24x .. 1.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 19714 and num_seqs > 30 and max_seq_len <= 4093:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 23: 1 workloads, 3.37x (3.37x .. 3.37x) over vllm_flashinfer_prefill
+    if 2896 < total_seq_len <= 6845 and mean_seq_len > 502 and 1127 < max_seq_len <= 2597:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 24: 2 workloads, 1.52x (1.42x .. 1.62x) over vllm_flashinfer_prefill
+    if 6845 < total_seq_len <= 12872 and num_seqs <= 2 and mean_seq_len > 502:
+        return 'cuda_prefill_cp.p8'
+    # region 25: 3 workloads, 4.12x (3.20x .. 4.95x) over vllm_flashinfer_prefill
+    if total_seq_len > 6845 and 2 < num_seqs <= 11 and mean_seq_len > 502 and max_seq_len <= 3402:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 26: 1 workloads, 1.92x (1.92x .. 1.92x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 6845 and 2 < num_seqs <= 11 and mean_seq_len > 502 and 3402 < max_seq_len <= 6611:
+        return 'cuda_prefill_staged.r32s4'
+    # region 27: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6845 and 2 < num_seqs <= 11 and mean_seq_len > 502 and max_seq_len > 6611:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 28: 3 workloads, 2.24x (1.94x .. 2.78x) over vllm_flashinfer_prefill
+    if total_seq_len > 6845 and num_seqs > 11 and 502 < mean_seq_len <= 724:
+        return 'cuda_prefill_staged.r64s4'
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 6845 and num_seqs > 11 and mean_seq_len > 724 and max_seq_len <= 5792:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 6845 and num_seqs > 11 and mean_seq_len > 724 and 5792 < max_seq_len <= 16376:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 12872 and num_seqs <= 2 and mean_seq_len > 502:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 5258 and 7 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712:  # region 16
+    if total_seq_len > 2896 and 21 < num_seqs <= 45 and max_seq_len > 4528:  # region 28
         return True
-    if total_seq_len > 2896 and num_seqs > 39 and 30 < mean_seq_len <= 45 and max_seq_len <= 5420:  # region 42
+    if total_seq_len > 2896 and num_seqs > 45 and max_seq_len > 4528:  # region 31
         return True
-    if 5258 < total_seq_len <= 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712:  # region 46
-        return True
-    if total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 2712 < max_seq_len <= 3947:  # region 48
-        return True
-    if total_seq_len > 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1380 < max_seq_len <= 2712:  # region 53
+    if total_seq_len > 4840 and 5 < num_seqs <= 9 and 1380 < max_seq_len <= 3402:  # region 37
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 4048 < total_seq_len <= 11165 and 2 < num_seqs <= 5 and 4093 < max_seq_len <= 7152:  # region 25
+    if total_seq_len > 6845 and 2 < num_seqs <= 11 and mean_seq_len > 502 and 3402 < max_seq_len <= 6611:  # region 26
         return True
     return False

@@ -6,20 +6,20 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-01T22:30:20Z
+# measured    up to 2026-12-02T06:49:15Z
 # workloads   144 (workload-set digest 13f9047559e6063c)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   vllm_flashinfer_prefill         cafcd75cbe1a2e72  144/144  1.00x
-#   cuda_prefill_cp.p16             dffbd933664a25c8  8/8  0.63x
-#   cuda_prefill_cp.p4              647de52a3eb20d1c  8/8  0.78x
-#   cuda_prefill_cp.p8              f0718db216ee20b2  8/8  0.70x
+#   cuda_prefill_cp.p16             5365a24a414126be  8/8  0.65x
+#   cuda_prefill_cp.p4              b5f7f39fe567fb38  8/8  0.81x
+#   cuda_prefill_cp.p8              75eecedfbb97bedf  8/8  0.73x
 #   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  69/137  0.81x  [68 screened out]
 #   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  77/137  0.82x  [60 screened out]
 #   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  75/137  0.83x  [62 screened out]
 #   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  75/137  0.82x  [62 screened out]
-#   cuda_prefill_staged.r32s4       4ec9c61f42b0e2c0  143/144  1.28x  [1 screened out]
-#   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  143/144  1.33x  [1 screened out]
+#   cuda_prefill_staged.r32s4       0ec7dd6cd6a9712e  143/144  1.37x  [1 screened out]
+#   cuda_prefill_staged.r64s4       fec9b569b24a1594  143/144  1.42x  [1 screened out]
 #   flashinfer_direct               755eb6578bd0a1f3  143/144  1.30x  [1 screened out]
 #   triton_prefill_chunked.v64      91b329a0e287a87d  95/144  0.73x  [49 screened out]
 #   triton_prefill_fused.c16v32     6adb950fad8337e7  111/144  0.85x  [33 screened out]
@@ -48,68 +48,64 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 7.93% mean, 70.72% max;
-#             1.192x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 11.81% mean, 104.04% max;
-#             2.169x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.68% mean, 70.72% max;
+#             1.215x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.40% mean, 102.57% max;
+#             2.675x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 31 and num_seqs <= 7 and mean_seq_len <= 326: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.89x (1.64x .. 8.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, flashinfer_direct
-#   2. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.65x (1.19x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, flashinfer_direct
-#   3. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len > 2: flashinfer_direct, 9 workloads, 1.08x (1.07x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 1745 and num_seqs <= 7 and mean_seq_len > 969: cuda_prefill_staged.r32s4, 2 workloads, 1.17x (1.07x .. 1.28x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   5. num_seqs <= 7 and 326 < mean_seq_len <= 969: cuda_prefill_staged.r32s4, 10 workloads, 1.79x (1.22x .. 2.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. 31 < total_seq_len <= 90 and num_seqs <= 7 and mean_seq_len <= 326: triton_prefill_fused.c16v32, 6 workloads, 4.29x (3.09x .. 6.32x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
-#   7. total_seq_len > 90 and num_seqs <= 2 and mean_seq_len <= 326: cuda_prefill_staged.r32s4, 5 workloads, 2.71x (2.38x .. 3.12x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64
-#   8. total_seq_len > 90 and 2 < num_seqs <= 5 and mean_seq_len <= 326: flashinfer_direct, 12 workloads, 3.43x (1.60x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   9. total_seq_len > 168 and 7 < num_seqs <= 21 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 16 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 168 and 7 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   11. total_seq_len > 168 and num_seqs > 21 and mean_seq_len <= 26: cuda_prefill_staged.r64s4, 25 workloads, 1.39x (1.14x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   12. total_seq_len > 168 and num_seqs > 21 and mean_seq_len > 26: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   13. total_seq_len > 1773 and num_seqs <= 7 and mean_seq_len > 969: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 31 and num_seqs <= 7 and mean_seq_len <= 1218: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.89x (1.64x .. 8.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   2. total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 1218: cuda_prefill_cp.p4, 2 workloads, 1.10x (1.05x .. 1.14x) over vllm_flashinfer_prefill
+#   3. total_seq_len <= 4324 and num_seqs > 17: cuda_prefill_staged.r64s4, 39 workloads, 1.37x (1.05x .. 1.58x) over vllm_flashinfer_prefill
+#   4. 7 < num_seqs <= 17 and mean_seq_len <= 58: cuda_prefill_staged.r64s4, 20 workloads, 1.20x (1.06x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   5. 7 < num_seqs <= 17 and 58 < mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.06x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+#   6. 7 < num_seqs <= 17 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   7. total_seq_len > 31 and num_seqs <= 7 and mean_seq_len <= 1218: cuda_prefill_staged.r32s4, 34 workloads, 2.90x (1.27x .. 5.07x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 1218: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len > 4324 and num_seqs > 17: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 9 and mean_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 3 workloads, 10.21x (5.50x .. 16.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 214 and num_seqs <= 5 and mean_seq_len > 12: cuda_prefill_pool_rows.k8c8, 10 workloads, 6.53x (5.09x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 362 and 3 < mean_seq_len <= 12: cuda_prefill_pool_rows.k8c8, 10 workloads, 4.01x (1.60x .. 13.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, flashinfer_direct
-#   4. total_seq_len <= 613 and num_seqs > 5 and mean_seq_len > 12: flashinfer_direct, 19 workloads, 1.76x (1.54x .. 1.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len > 9 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 11 workloads, 3.18x (2.01x .. 6.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   6. 214 < total_seq_len <= 3547 and num_seqs <= 5 and mean_seq_len > 12: cuda_prefill_staged.r32s4, 28 workloads, 4.10x (2.20x .. 7.37x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len > 362 and num_seqs <= 195 and 3 < mean_seq_len <= 12: flashinfer_direct, 4 workloads, 1.52x (1.46x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   8. total_seq_len > 362 and num_seqs > 195 and 3 < mean_seq_len <= 12: cuda_prefill_staged.r64s4, 6 workloads, 2.05x (1.86x .. 2.33x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. 613 < total_seq_len <= 3547 and num_seqs > 5 and mean_seq_len > 12: cuda_prefill_staged.r64s4, 25 workloads, 2.02x (1.19x .. 3.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   10. total_seq_len > 3547 and num_seqs <= 1 and mean_seq_len > 12: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len > 3547 and 1 < num_seqs <= 4 and mean_seq_len > 12: cuda_prefill_staged.r64s4, 4 workloads, 2.33x (1.30x .. 3.76x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   12. total_seq_len > 3547 and num_seqs > 4 and mean_seq_len > 12: flashinfer_direct, 20 workloads, 1.40x (1.12x .. 1.79x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 31 and num_seqs <= 10: cuda_prefill_pool_rows.k8c8, 5 workloads, 9.51x (5.50x .. 16.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 238 and 10 < num_seqs <= 17: cuda_prefill_pool_rows.k8c8, 6 workloads, 4.36x (3.24x .. 5.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   3. total_seq_len <= 238 and num_seqs > 17: cuda_prefill_pool_rows.k4c8, 6 workloads, 3.47x (2.83x .. 3.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   4. 31 < total_seq_len <= 90 and num_seqs <= 10: cuda_prefill_staged.r32s4, 6 workloads, 9.43x (7.66x .. 11.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   5. 90 < total_seq_len <= 685 and num_seqs <= 10 and mean_seq_len <= 70: cuda_prefill_staged.r64s4, 15 workloads, 3.70x (1.40x .. 9.34x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. 90 < total_seq_len <= 685 and num_seqs <= 10 and mean_seq_len > 70: cuda_prefill_staged.r32s4, 10 workloads, 7.01x (5.06x .. 11.24x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   7. 238 < total_seq_len <= 7643 and num_seqs > 10: cuda_prefill_staged.r64s4, 47 workloads, 2.74x (1.90x .. 4.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   8. 685 < total_seq_len <= 2986 and num_seqs <= 10: cuda_prefill_staged.r64s4, 21 workloads, 4.45x (1.97x .. 8.44x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   9. 2986 < total_seq_len <= 5792 and num_seqs <= 10: cuda_prefill_cp.p4, 2 workloads, 2.55x (1.94x .. 3.35x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_staged.r64s4
+#   10. total_seq_len > 5792 and num_seqs <= 10 and mean_seq_len <= 4845: cuda_prefill_staged.r64s4, 7 workloads, 2.50x (1.71x .. 4.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   11. total_seq_len > 5792 and num_seqs <= 10 and mean_seq_len > 4845: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   12. total_seq_len > 7643 and 10 < num_seqs <= 34: flashinfer_direct, 6 workloads, 1.42x (1.18x .. 1.63x) over vllm_flashinfer_prefill
+#   13. total_seq_len > 7643 and 34 < num_seqs <= 171: cuda_prefill_staged.r64s4, 5 workloads, 1.80x (1.29x .. 2.14x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   14. total_seq_len > 7643 and num_seqs > 171: flashinfer_direct, 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 326), 'num_seqs': (None, 7), 'total_seq_len': (None, 31)}, 'workloads': 4, 'speedup': (1.64, 4.89, 8.72), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (7, None), 'total_seq_len': (None, 168)}, 'workloads': 6, 'speedup': (1.19, 1.65, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (7, None), 'total_seq_len': (None, 168)}, 'workloads': 9, 'speedup': (1.07, 1.08, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (969, None), 'num_seqs': (None, 7), 'total_seq_len': (None, 1745)}, 'workloads': 2, 'speedup': (1.07, 1.17, 1.28), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (326, 969), 'num_seqs': (None, 7)}, 'workloads': 10, 'speedup': (1.22, 1.79, 2.71), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 326), 'num_seqs': (None, 7), 'total_seq_len': (31, 90)}, 'workloads': 6, 'speedup': (3.09, 4.29, 6.32), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 326), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 5, 'speedup': (2.38, 2.71, 3.12), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 326), 'num_seqs': (2, 5), 'total_seq_len': (90, None)}, 'workloads': 12, 'speedup': (1.6, 3.43, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (7, 21), 'total_seq_len': (168, None)}, 'workloads': 16, 'speedup': (1.03, 1.07, 1.1), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (7, 21), 'total_seq_len': (168, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 26), 'num_seqs': (21, None), 'total_seq_len': (168, None)}, 'workloads': 25, 'speedup': (1.14, 1.39, 1.56), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (26, None), 'num_seqs': (21, None), 'total_seq_len': (168, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (969, None), 'num_seqs': (None, 7), 'total_seq_len': (1773, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 1218), 'num_seqs': (None, 7), 'total_seq_len': (None, 31)}, 'workloads': 4, 'speedup': (1.64, 4.89, 8.72), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 2, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (1218, None), 'num_seqs': (None, 7), 'total_seq_len': (None, 2438)}, 'workloads': 2, 'speedup': (1.05, 1.1, 1.14), 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 4324)}, 'workloads': 39, 'speedup': (1.05, 1.37, 1.58), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 58), 'num_seqs': (7, 17)}, 'workloads': 20, 'speedup': (1.06, 1.2, 1.61), 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (58, 90), 'num_seqs': (7, 17)}, 'workloads': 6, 'speedup': (1.03, 1.06, 1.1), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (7, 17)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 1218), 'num_seqs': (None, 7), 'total_seq_len': (31, None)}, 'workloads': 34, 'speedup': (1.27, 2.9, 5.07), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1218, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (4324, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (None, 9)}, 'workloads': 3, 'speedup': (5.5, 10.21, 16.19), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 214)}, 'workloads': 10, 'speedup': (5.09, 6.53, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (3, 12), 'total_seq_len': (None, 362)}, 'workloads': 10, 'speedup': (1.6, 4.01, 13.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (5, None), 'total_seq_len': (None, 613)}, 'workloads': 19, 'speedup': (1.54, 1.76, 1.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (9, None)}, 'workloads': 11, 'speedup': (2.01, 3.18, 6.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (None, 5), 'total_seq_len': (214, 3547)}, 'workloads': 28, 'speedup': (2.2, 4.1, 7.37), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (3, 12), 'num_seqs': (None, 195), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.46, 1.52, 1.68), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, 12), 'num_seqs': (195, None), 'total_seq_len': (362, None)}, 'workloads': 6, 'speedup': (1.86, 2.05, 2.33), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (5, None), 'total_seq_len': (613, 3547)}, 'workloads': 25, 'speedup': (1.19, 2.02, 3.41), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (None, 1), 'total_seq_len': (3547, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (1, 4), 'total_seq_len': (3547, None)}, 'workloads': 4, 'speedup': (1.3, 2.33, 3.76), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (4, None), 'total_seq_len': (3547, None)}, 'workloads': 20, 'speedup': (1.12, 1.4, 1.79), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 10), 'total_seq_len': (None, 31)}, 'workloads': 5, 'speedup': (5.5, 9.51, 16.19), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (10, 17), 'total_seq_len': (None, 238)}, 'workloads': 6, 'speedup': (3.24, 4.36, 5.69), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 238)}, 'workloads': 6, 'speedup': (2.83, 3.47, 3.81), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (None, 10), 'total_seq_len': (31, 90)}, 'workloads': 6, 'speedup': (7.66, 9.43, 11.15), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 70), 'num_seqs': (None, 10), 'total_seq_len': (90, 685)}, 'workloads': 15, 'speedup': (1.4, 3.7, 9.34), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (70, None), 'num_seqs': (None, 10), 'total_seq_len': (90, 685)}, 'workloads': 10, 'speedup': (5.06, 7.01, 11.24), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (10, None), 'total_seq_len': (238, 7643)}, 'workloads': 47, 'speedup': (1.9, 2.74, 4.14), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 10), 'total_seq_len': (685, 2986)}, 'workloads': 21, 'speedup': (1.97, 4.45, 8.44), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 9, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'num_seqs': (None, 10), 'total_seq_len': (2986, 5792)}, 'workloads': 2, 'speedup': (1.94, 2.55, 3.35), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (None, 10), 'total_seq_len': (5792, None)}, 'workloads': 7, 'speedup': (1.71, 2.5, 4.18), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4845, None), 'num_seqs': (None, 10), 'total_seq_len': (5792, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (10, 34), 'total_seq_len': (7643, None)}, 'workloads': 6, 'speedup': (1.18, 1.42, 1.63), 'fallbacks': ()},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (34, 171), 'total_seq_len': (7643, None)}, 'workloads': 5, 'speedup': (1.29, 1.8, 2.14), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (171, None), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.2, 1.26, 1.31), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -119,85 +115,79 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 4 workloads, 4.89x (1.64x .. 8.72x) over vllm_flashinfer_prefill
-    if total_seq_len <= 31 and num_seqs <= 7 and mean_seq_len <= 326:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 6 workloads, 1.65x (1.19x .. 2.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 9 workloads, 1.08x (1.07x .. 1.09x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs > 7 and mean_seq_len > 2:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 4: 2 workloads, 1.17x (1.07x .. 1.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1745 and num_seqs <= 7 and mean_seq_len > 969:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 5: 10 workloads, 1.79x (1.22x .. 2.71x) over vllm_flashinfer_prefill
-    if num_seqs <= 7 and 326 < mean_seq_len <= 969:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 6 workloads, 4.29x (3.09x .. 6.32x) over vllm_flashinfer_prefill
-    if 31 < total_seq_len <= 90 and num_seqs <= 7 and mean_seq_len <= 326:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 5 workloads, 2.71x (2.38x .. 3.12x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and num_seqs <= 2 and mean_seq_len <= 326:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 12 workloads, 3.43x (1.60x .. 4.96x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and 2 < num_seqs <= 5 and mean_seq_len <= 326:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'flashinfer_direct'
-    # region 9: 16 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len > 168 and 7 < num_seqs <= 21 and mean_seq_len <= 90:
+    if total_seq_len <= 31 and num_seqs <= 7 and mean_seq_len <= 1218:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 2 workloads, 1.10x (1.05x .. 1.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 1218:
+        return 'cuda_prefill_cp.p4'
+    # region 3: 39 workloads, 1.37x (1.05x .. 1.58x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4324 and num_seqs > 17:
+        return 'cuda_prefill_staged.r64s4'
+    # region 4: 20 workloads, 1.20x (1.06x .. 1.61x) over vllm_flashinfer_prefill
+    if 7 < num_seqs <= 17 and mean_seq_len <= 58:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 5: 6 workloads, 1.06x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+    if 7 < num_seqs <= 17 and 58 < mean_seq_len <= 90:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 15 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 168 and 7 < num_seqs <= 21 and mean_seq_len > 90:
+    # region 6: 15 workloads, the baseline; its stand-ins where it cannot run here
+    if 7 < num_seqs <= 17 and mean_seq_len > 90:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 25 workloads, 1.39x (1.14x .. 1.56x) over vllm_flashinfer_prefill
-    if total_seq_len > 168 and num_seqs > 21 and mean_seq_len <= 26:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 22 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 168 and num_seqs > 21 and mean_seq_len > 26:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 12 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1773 and num_seqs <= 7 and mean_seq_len > 969:
+    # region 7: 34 workloads, 2.90x (1.27x .. 5.07x) over vllm_flashinfer_prefill
+    if total_seq_len > 31 and num_seqs <= 7 and mean_seq_len <= 1218:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 8: 11 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 1218:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 13 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4324 and num_seqs > 17:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 10.21x (5.50x .. 16.19x) over vllm_flashinfer_prefill
-    if total_seq_len <= 9 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 10 workloads, 6.53x (5.09x .. 8.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 214 and num_seqs <= 5 and mean_seq_len > 12:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 10 workloads, 4.01x (1.60x .. 13.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and 3 < mean_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 19 workloads, 1.76x (1.54x .. 1.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 613 and num_seqs > 5 and mean_seq_len > 12:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 5: 11 workloads, 3.18x (2.01x .. 6.48x) over vllm_flashinfer_prefill
-    if total_seq_len > 9 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 28 workloads, 4.10x (2.20x .. 7.37x) over vllm_flashinfer_prefill
-    if 214 < total_seq_len <= 3547 and num_seqs <= 5 and mean_seq_len > 12:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 7: 4 workloads, 1.52x (1.46x .. 1.68x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs <= 195 and 3 < mean_seq_len <= 12:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
-    # region 8: 6 workloads, 2.05x (1.86x .. 2.33x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs > 195 and 3 < mean_seq_len <= 12:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 25 workloads, 2.02x (1.19x .. 3.41x) over vllm_flashinfer_prefill
-    if 613 < total_seq_len <= 3547 and num_seqs > 5 and mean_seq_len > 12:
+    # region 1: 5 workloads, 9.51x (5.50x .. 16.19x) over vllm_flashinfer_prefill
+    if total_seq_len <= 31 and num_seqs <= 10:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 6 workloads, 4.36x (3.24x .. 5.69x) over vllm_flashinfer_prefill
+    if total_seq_len <= 238 and 10 < num_seqs <= 17:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 6 workloads, 3.47x (2.83x .. 3.81x) over vllm_flashinfer_prefill
+    if total_seq_len <= 238 and num_seqs > 17:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 6 workloads, 9.43x (7.66x .. 11.15x) over vllm_flashinfer_prefill
+    if 31 < total_seq_len <= 90 and num_seqs <= 10:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 5: 15 workloads, 3.70x (1.40x .. 9.34x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 685 and num_seqs <= 10 and mean_seq_len <= 70:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 10 workloads, 7.01x (5.06x .. 11.24x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 685 and num_seqs <= 10 and mean_seq_len > 70:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 7: 47 workloads, 2.74x (1.90x .. 4.14x) over vllm_flashinfer_prefill
+    if 238 < total_seq_len <= 7643 and num_seqs > 10:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3547 and num_seqs <= 1 and mean_seq_len > 12:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 4 workloads, 2.33x (1.30x .. 3.76x) over vllm_flashinfer_prefill
-    if total_seq_len > 3547 and 1 < num_seqs <= 4 and mean_seq_len > 12:
+    # region 8: 21 workloads, 4.45x (1.97x .. 8.44x) over vllm_flashinfer_prefill
+    if 685 < total_seq_len <= 2986 and num_seqs <= 10:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 2 workloads, 2.55x (1.94x .. 3.35x) over vllm_flashinfer_prefill
+    if 2986 < total_seq_len <= 5792 and num_seqs <= 10:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p4'
+    # region 10: 7 workloads, 2.50x (1.71x .. 4.18x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and num_seqs <= 10 and mean_seq_len <= 4845:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 11: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs <= 10 and mean_seq_len > 4845:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 6 workloads, 1.42x (1.18x .. 1.63x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and 10 < num_seqs <= 34:
+        return 'flashinfer_direct'
+    # region 13: 5 workloads, 1.80x (1.29x .. 2.14x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and 34 < num_seqs <= 171:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 20 workloads, 1.40x (1.12x .. 1.79x) over vllm_flashinfer_prefill
-    if total_seq_len > 3547 and num_seqs > 4 and mean_seq_len > 12:
+    # region 14: 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs > 171:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -207,175 +197,161 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.15% mean, 69.69% max;
-#             1.203x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.48% mean, 74.79% max;
-#             2.297x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.48% mean, 69.69% max;
+#             1.233x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.42% mean, 38.20% max;
+#             2.785x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.96x (1.82x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32
-#   2. total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   3. total_seq_len <= 51 and num_seqs <= 1 and mean_seq_len <= 9 and max_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.84x (8.84x .. 8.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   4. total_seq_len <= 51 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   5. total_seq_len <= 51 and num_seqs <= 5 and 5 < mean_seq_len <= 9 and max_seq_len > 6: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   6. total_seq_len <= 51 and 1 < num_seqs <= 5 and mean_seq_len <= 9 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.36x (8.36x .. 8.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   7. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 9 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   8. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 9 and max_seq_len > 11: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   9. total_seq_len <= 724 and num_seqs <= 14 and mean_seq_len > 9 and 322 < max_seq_len <= 896: cuda_prefill_staged.r32s4, 4 workloads, 1.80x (1.08x .. 2.58x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 1448 and num_seqs > 14 and mean_seq_len > 45 and max_seq_len <= 380: flashinfer_direct, 2 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len <= 1448 and num_seqs > 14 and mean_seq_len > 45 and max_seq_len > 380: cuda_prefill_staged.r64s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. total_seq_len <= 2317 and 14 < num_seqs <= 22 and 9 < mean_seq_len <= 45 and max_seq_len <= 449: cuda_prefill_staged.r64s4, 5 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len <= 2317 and 14 < num_seqs <= 22 and 9 < mean_seq_len <= 45 and max_seq_len > 449: cuda_prefill_staged.r32s4, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   14. total_seq_len <= 2317 and num_seqs > 22 and 9 < mean_seq_len <= 45: cuda_prefill_staged.r64s4, 12 workloads, 1.20x (1.08x .. 1.32x) over vllm_flashinfer_prefill
-#   15. total_seq_len <= 2438 and num_seqs <= 4 and 9 < mean_seq_len <= 1773 and max_seq_len > 896: cuda_prefill_staged.r32s4, 7 workloads, 1.37x (1.07x .. 1.78x) over vllm_flashinfer_prefill
-#   16. total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 1773 and max_seq_len > 896: cuda_prefill_cp.p4, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   17. total_seq_len <= 2896 and 4 < num_seqs <= 14 and mean_seq_len > 9 and max_seq_len > 1794: cuda_prefill_staged.r32s4, 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   18. num_seqs <= 3 and mean_seq_len > 9 and max_seq_len <= 44: triton_prefill_fused.c16v32, 3 workloads, 4.88x (4.15x .. 5.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
-#   19. num_seqs <= 3 and mean_seq_len > 9 and 44 < max_seq_len <= 322: flashinfer_direct, 6 workloads, 2.72x (2.23x .. 3.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   20. 3 < num_seqs <= 14 and mean_seq_len > 9 and max_seq_len <= 322: flashinfer_direct, 23 workloads, 2.16x (1.03x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   21. 4 < num_seqs <= 14 and mean_seq_len > 9 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   22. 4 < num_seqs <= 14 and mean_seq_len > 9 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
-#   23. 4 < num_seqs <= 14 and mean_seq_len > 9 and 1081 < max_seq_len <= 1794: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   24. 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64
-#   25. 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64
-#   26. total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.62x (1.56x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   27. total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len > 13: cuda_prefill_staged.r64s4, 3 workloads, 1.52x (1.45x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   28. total_seq_len > 51 and 2 < mean_seq_len <= 9: cuda_prefill_staged.r64s4, 20 workloads, 1.34x (1.13x .. 1.53x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   29. total_seq_len > 724 and num_seqs <= 2 and mean_seq_len > 9 and 322 < max_seq_len <= 896: cuda_prefill_staged.r32s4, 3 workloads, 2.08x (1.66x .. 2.40x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32
-#   30. total_seq_len > 724 and 2 < num_seqs <= 14 and mean_seq_len > 9 and 322 < max_seq_len <= 896: flashinfer_direct, 3 workloads, 2.18x (1.04x .. 3.23x) over vllm_flashinfer_prefill
-#   31. 1448 < total_seq_len <= 2896 and num_seqs > 14 and 45 < mean_seq_len <= 73 and max_seq_len <= 471: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   32. 1448 < total_seq_len <= 2896 and num_seqs > 14 and 45 < mean_seq_len <= 73 and 471 < max_seq_len <= 1666: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   33. 1448 < total_seq_len <= 2896 and num_seqs > 14 and 45 < mean_seq_len <= 73 and max_seq_len > 1666: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32
-#   34. total_seq_len > 1448 and num_seqs > 14 and mean_seq_len > 73: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   35. total_seq_len > 2317 and num_seqs > 14 and 9 < mean_seq_len <= 18 and max_seq_len <= 2655: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   36. total_seq_len > 2317 and num_seqs > 14 and 9 < mean_seq_len <= 18 and max_seq_len > 2655: vllm_flashinfer_prefill (baseline), 0 workloads
-#   37. total_seq_len > 2317 and num_seqs > 14 and 18 < mean_seq_len <= 45 and max_seq_len <= 380: cuda_prefill_staged.r64s4, 3 workloads, 1.21x (1.16x .. 1.28x) over vllm_flashinfer_prefill
-#   38. total_seq_len > 2317 and num_seqs > 14 and 18 < mean_seq_len <= 45 and max_seq_len > 380: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
-#   39. 2438 < total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
-#   40. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 9 and 896 < max_seq_len <= 2281: flashinfer_direct, 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   41. 2896 < total_seq_len <= 5792 and num_seqs > 14 and 45 < mean_seq_len <= 73 and max_seq_len <= 568: vllm_flashinfer_prefill (baseline), 0 workloads
-#   42. 2896 < total_seq_len <= 5792 and num_seqs > 14 and 45 < mean_seq_len <= 73 and 568 < max_seq_len <= 1666: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   43. total_seq_len > 2896 and 4 < num_seqs <= 14 and mean_seq_len > 9 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   44. total_seq_len > 2896 and num_seqs > 14 and 45 < mean_seq_len <= 73 and max_seq_len > 1666: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   45. total_seq_len > 5792 and num_seqs <= 2 and mean_seq_len > 9 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
-#   46. total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 9 and 2281 < max_seq_len <= 4399: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   47. total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   48. total_seq_len > 5792 and num_seqs > 14 and 45 < mean_seq_len <= 73 and max_seq_len <= 803: vllm_flashinfer_prefill (baseline), 0 workloads
-#   49. total_seq_len > 5792 and num_seqs > 14 and 45 < mean_seq_len <= 73 and 803 < max_seq_len <= 1666: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   1. total_seq_len <= 724 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 121 < max_seq_len <= 896: cuda_prefill_staged.r32s4, 2 workloads, 1.09x (1.04x .. 1.15x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 1448 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 1023: cuda_prefill_staged.r32s4, 9 workloads, 2.15x (1.41x .. 3.24x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 1448 and 11 < num_seqs <= 21 and mean_seq_len > 53 and max_seq_len <= 441: flashinfer_direct, 2 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 2438 and num_seqs <= 4 and 53 < mean_seq_len <= 1254 and max_seq_len > 1023: cuda_prefill_staged.r32s4, 4 workloads, 1.41x (1.27x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   5. total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 322: cuda_prefill_staged.r32s4, 12 workloads, 3.42x (2.58x .. 4.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   6. total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 1254 and max_seq_len > 1023: cuda_prefill_cp.p4, 2 workloads, 1.10x (1.05x .. 1.14x) over vllm_flashinfer_prefill
+#   7. total_seq_len <= 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794: cuda_prefill_staged.r32s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   8. total_seq_len <= 2896 and num_seqs > 11 and mean_seq_len > 53 and max_seq_len > 441: cuda_prefill_staged.r64s4, 3 workloads, 1.11x (1.06x .. 1.16x) over vllm_flashinfer_prefill
+#   9. total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 53 and max_seq_len <= 441: cuda_prefill_staged.r64s4, 2 workloads, 1.07x (1.05x .. 1.09x) over vllm_flashinfer_prefill
+#   10. total_seq_len <= 5792 and num_seqs > 138 and mean_seq_len <= 53 and max_seq_len > 830: cuda_prefill_staged.r64s4, 2 workloads, 1.25x (1.15x .. 1.37x) over vllm_flashinfer_prefill
+#   11. num_seqs <= 2 and mean_seq_len <= 53 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.41x (8.01x .. 8.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   12. num_seqs <= 138 and mean_seq_len <= 53 and 830 < max_seq_len <= 2281: cuda_prefill_staged.r64s4, 3 workloads, 1.15x (1.11x .. 1.18x) over vllm_flashinfer_prefill
+#   13. num_seqs <= 138 and mean_seq_len <= 53 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 0 workloads
+#   14. mean_seq_len <= 53 and 7 < max_seq_len <= 830: cuda_prefill_staged.r64s4, 54 workloads, 1.60x (1.06x .. 5.03x) over vllm_flashinfer_prefill
+#   15. 2 < num_seqs <= 5 and mean_seq_len <= 53 and max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   16. 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len <= 78: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   17. 4 < num_seqs <= 11 and mean_seq_len > 53 and 78 < max_seq_len <= 121: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
+#   18. 4 < num_seqs <= 11 and mean_seq_len > 53 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   19. 4 < num_seqs <= 11 and mean_seq_len > 53 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
+#   20. 4 < num_seqs <= 11 and mean_seq_len > 53 and 1081 < max_seq_len <= 1794: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   21. 5 < num_seqs <= 45 and mean_seq_len <= 53 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.82x (1.57x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64
+#   22. num_seqs > 45 and mean_seq_len <= 2 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64
+#   23. num_seqs > 45 and 2 < mean_seq_len <= 53 and max_seq_len <= 7: cuda_prefill_staged.r64s4, 2 workloads, 1.51x (1.49x .. 1.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v64
+#   24. total_seq_len > 724 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 121 < max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+#   25. 1448 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 1023: flashinfer_direct, 1 workloads, 3.23x (3.23x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   26. total_seq_len > 1448 and 11 < num_seqs <= 21 and mean_seq_len > 53 and max_seq_len <= 441: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   27. 2438 < total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   28. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 2281: flashinfer_direct, 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   29. total_seq_len > 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   30. total_seq_len > 2896 and num_seqs > 11 and mean_seq_len > 53 and max_seq_len > 441: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   31. total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 53 and max_seq_len <= 441: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   32. total_seq_len > 5792 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
+#   33. total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and 2281 < max_seq_len <= 4399: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
+#   34. total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   35. total_seq_len > 5792 and num_seqs > 138 and mean_seq_len <= 53 and max_seq_len > 830: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 90 and 7 < num_seqs <= 45 and mean_seq_len <= 2 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 1 workloads, 6.48x (6.48x .. 6.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 90 and 7 < num_seqs <= 45 and mean_seq_len <= 2 and 5 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 1 workloads, 3.69x (3.69x .. 3.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 90 and 7 < num_seqs <= 45 and mean_seq_len > 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 2 workloads, 5.21x (4.56x .. 5.94x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 90 and 7 < num_seqs <= 45 and mean_seq_len > 2 and 13 < max_seq_len <= 63: cuda_prefill_pool_rows.k8c8, 1 workloads, 3.85x (3.85x .. 3.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   5. total_seq_len <= 181 and mean_seq_len > 26 and 63 < max_seq_len <= 118: cuda_prefill_pool_rows.k8c8, 2 workloads, 6.02x (5.72x .. 6.34x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 181 and mean_seq_len > 26 and max_seq_len > 118: triton_prefill_fused.c16v32, 1 workloads, 5.35x (5.35x .. 5.35x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 724 and num_seqs > 45 and mean_seq_len <= 11 and 6 < max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.53x (1.89x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 3547 and num_seqs <= 11 and mean_seq_len <= 26 and max_seq_len > 63: flashinfer_direct, 2 workloads, 1.64x (1.63x .. 1.64x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 3547 and 11 < num_seqs <= 45 and mean_seq_len <= 26 and 63 < max_seq_len <= 64: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 3547 and num_seqs > 11 and mean_seq_len <= 26 and max_seq_len > 64: cuda_prefill_staged.r64s4, 12 workloads, 2.07x (1.48x .. 3.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   11. total_seq_len <= 3547 and num_seqs > 45 and mean_seq_len <= 26 and 63 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   12. num_seqs <= 7 and max_seq_len <= 63: cuda_prefill_pool_rows.k8c8, 11 workloads, 8.15x (5.31x .. 16.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. num_seqs > 45 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.19x (2.38x .. 3.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   14. num_seqs > 45 and mean_seq_len > 11 and 6 < max_seq_len <= 63: cuda_prefill_staged.r64s4, 4 workloads, 1.42x (1.25x .. 1.89x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   15. 90 < total_seq_len <= 362 and 7 < num_seqs <= 45 and 30 < max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.12x (1.81x .. 2.48x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   16. total_seq_len > 90 and 7 < num_seqs <= 45 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.71x (2.88x .. 5.22x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 181 < total_seq_len <= 3547 and num_seqs <= 5 and mean_seq_len > 26 and max_seq_len > 226: cuda_prefill_staged.r32s4, 22 workloads, 3.83x (2.20x .. 7.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 181 < total_seq_len <= 3547 and num_seqs <= 22 and mean_seq_len > 26 and 63 < max_seq_len <= 226: triton_prefill_fused.c16v64, 14 workloads, 3.55x (1.90x .. 8.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 181 < total_seq_len <= 3547 and num_seqs > 5 and mean_seq_len > 26 and max_seq_len > 226: cuda_prefill_staged.r64s4, 16 workloads, 1.98x (1.31x .. 2.55x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   20. 181 < total_seq_len <= 3547 and num_seqs > 22 and mean_seq_len > 26 and 63 < max_seq_len <= 226: cuda_prefill_staged.r64s4, 3 workloads, 1.99x (1.45x .. 2.77x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64
-#   21. total_seq_len > 362 and 7 < num_seqs <= 45 and 30 < max_seq_len <= 63: triton_prefill_fused.c16v64, 3 workloads, 1.60x (1.35x .. 1.94x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off
-#   22. total_seq_len > 724 and num_seqs > 45 and mean_seq_len <= 11 and 6 < max_seq_len <= 63: cuda_prefill_staged.r64s4, 3 workloads, 2.05x (1.98x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. 3547 < total_seq_len <= 7643 and num_seqs <= 1 and max_seq_len > 63: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
-#   24. 3547 < total_seq_len <= 7643 and num_seqs > 1 and max_seq_len > 63: cuda_prefill_staged.r64s4, 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   25. total_seq_len > 7643 and num_seqs <= 4 and 63 < max_seq_len <= 8189: cuda_prefill_staged.r64s4, 4 workloads, 2.33x (1.30x .. 3.76x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   26. total_seq_len > 7643 and num_seqs <= 4 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 7643 and num_seqs > 4 and mean_seq_len <= 104 and 63 < max_seq_len <= 3371: cuda_prefill_staged.r64s4, 2 workloads, 1.54x (1.42x .. 1.68x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   28. total_seq_len > 7643 and num_seqs > 4 and 3371 < max_seq_len <= 16372: flashinfer_direct, 6 workloads, 1.34x (1.18x .. 1.45x) over vllm_flashinfer_prefill
-#   29. total_seq_len > 7643 and num_seqs > 4 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
-#   30. total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 104 and 63 < max_seq_len <= 3371: flashinfer_direct, 9 workloads, 1.50x (1.20x .. 1.79x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 2 and max_seq_len <= 1: cuda_prefill_pool_rows.k16c8, 1 workloads, 12.15x (12.15x .. 12.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 11 and 1 < max_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 2 workloads, 9.44x (5.50x .. 16.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 22 and mean_seq_len <= 2 and 3 < max_seq_len <= 13: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 90 and num_seqs <= 5 and 26 < max_seq_len <= 44: cuda_prefill_staged.r32s4, 3 workloads, 9.21x (7.66x .. 10.95x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 90 and mean_seq_len <= 11 and 13 < max_seq_len <= 26: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 90 and 44 < max_seq_len <= 59: cuda_prefill_staged.r64s4, 2 workloads, 6.96x (5.30x .. 9.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   7. total_seq_len <= 90 and max_seq_len > 59: cuda_prefill_staged.r32s4, 1 workloads, 8.87x (8.87x .. 8.87x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 90 and mean_seq_len > 11 and 13 < max_seq_len <= 26: cuda_prefill_staged.r32s4, 1 workloads, 11.15x (11.15x .. 11.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 90 and num_seqs > 5 and 26 < max_seq_len <= 44: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len <= 362 and num_seqs <= 5 and mean_seq_len > 2 and 3 < max_seq_len <= 13: cuda_prefill_pool_rows.k8c8, 1 workloads, 13.01x (13.01x .. 13.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 362 and num_seqs > 5 and mean_seq_len > 2 and 3 < max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 4 workloads, 4.31x (2.88x .. 5.94x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   12. 2 < total_seq_len <= 362 and max_seq_len <= 1: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. 11 < total_seq_len <= 362 and 1 < max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.63x (3.89x .. 6.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   14. 22 < total_seq_len <= 362 and mean_seq_len <= 2 and 3 < max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.78x (3.65x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   15. 90 < total_seq_len <= 280 and mean_seq_len <= 5 and 13 < max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.48x (3.48x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. 90 < total_seq_len <= 545 and num_seqs <= 2 and max_seq_len > 29: cuda_prefill_staged.r32s4, 7 workloads, 7.39x (5.52x .. 11.24x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 90 < total_seq_len <= 545 and num_seqs > 2 and max_seq_len > 29: cuda_prefill_staged.r64s4, 31 workloads, 3.63x (1.40x .. 9.34x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   18. 90 < total_seq_len <= 7643 and num_seqs <= 22 and mean_seq_len > 5 and 13 < max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.80x (3.00x .. 5.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   19. 90 < total_seq_len <= 7643 and num_seqs > 22 and mean_seq_len > 5 and 13 < max_seq_len <= 29: cuda_prefill_staged.r64s4, 2 workloads, 2.80x (2.60x .. 3.01x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. 280 < total_seq_len <= 7643 and mean_seq_len <= 5 and 13 < max_seq_len <= 29: cuda_prefill_staged.r64s4, 2 workloads, 2.55x (2.33x .. 2.80x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. 362 < total_seq_len <= 7643 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.52x (2.50x .. 2.54x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   22. 362 < total_seq_len <= 7643 and mean_seq_len > 2 and max_seq_len <= 13: cuda_prefill_staged.r64s4, 3 workloads, 2.28x (2.08x .. 2.47x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   23. 545 < total_seq_len <= 7643 and max_seq_len > 29: cuda_prefill_staged.r64s4, 47 workloads, 3.33x (1.75x .. 8.44x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   24. 7643 < total_seq_len <= 23170 and max_seq_len <= 1081: cuda_prefill_staged.r64s4, 8 workloads, 1.90x (1.35x .. 2.56x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   25. 7643 < total_seq_len <= 28647 and num_seqs <= 181 and mean_seq_len <= 1448 and max_seq_len > 3371: cuda_prefill_staged.r64s4, 5 workloads, 1.65x (1.29x .. 1.98x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   26. 7643 < total_seq_len <= 28647 and num_seqs > 181 and mean_seq_len <= 1448 and max_seq_len > 3371: flashinfer_direct, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+#   27. total_seq_len > 7643 and num_seqs <= 4 and mean_seq_len > 1448 and 1081 < max_seq_len <= 8189: cuda_prefill_staged.r64s4, 4 workloads, 2.79x (1.71x .. 4.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   28. total_seq_len > 7643 and num_seqs <= 4 and mean_seq_len > 1448 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
+#   29. total_seq_len > 7643 and num_seqs <= 22 and mean_seq_len <= 1448 and 1081 < max_seq_len <= 3371: cuda_prefill_staged.r64s4, 2 workloads, 2.09x (1.98x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   30. total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 1448 and 1081 < max_seq_len <= 4511: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   31. total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 1448 and 4511 < max_seq_len <= 11582: flashinfer_direct, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+#   32. total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 1448 and max_seq_len > 11582: vllm_flashinfer_prefill (baseline), 0 workloads
+#   33. total_seq_len > 7643 and num_seqs > 22 and mean_seq_len <= 181 and 1081 < max_seq_len <= 3371: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   34. total_seq_len > 7643 and num_seqs > 22 and 181 < mean_seq_len <= 1448 and 1081 < max_seq_len <= 3371: flashinfer_direct, 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
+#   35. total_seq_len > 23170 and max_seq_len <= 1081: flashinfer_direct, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
+#   36. total_seq_len > 28647 and num_seqs <= 45 and mean_seq_len <= 1448 and max_seq_len > 3371: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   37. total_seq_len > 28647 and num_seqs > 45 and mean_seq_len <= 1448 and max_seq_len > 3371: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 25)}, 'workloads': 2, 'speedup': (1.82, 1.96, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 25)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 9), 'num_seqs': (None, 1), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.84, 8.84, 8.84), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (5, 9), 'num_seqs': (None, 5), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 9), 'num_seqs': (1, 5), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.36, 8.36, 8.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, 9), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (2, 9), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (322, 896), 'mean_seq_len': (9, None), 'num_seqs': (None, 14), 'total_seq_len': (None, 724)}, 'workloads': 4, 'speedup': (1.08, 1.8, 2.58), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 380), 'mean_seq_len': (45, None), 'num_seqs': (14, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.06, 1.08, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (380, None), 'mean_seq_len': (45, None), 'num_seqs': (14, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 449), 'mean_seq_len': (9, 45), 'num_seqs': (14, 22), 'total_seq_len': (None, 2317)}, 'workloads': 5, 'speedup': (1.06, 1.12, 1.16), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (449, None), 'mean_seq_len': (9, 45), 'num_seqs': (14, 22), 'total_seq_len': (None, 2317)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (9, 45), 'num_seqs': (22, None), 'total_seq_len': (None, 2317)}, 'workloads': 12, 'speedup': (1.08, 1.2, 1.32), 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (896, None), 'mean_seq_len': (9, 1773), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 7, 'speedup': (1.07, 1.37, 1.78), 'fallbacks': ()},
-    {'region': 16, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (896, None), 'mean_seq_len': (1773, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': (), 'hand_back': True},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (9, None), 'num_seqs': (4, 14), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': (), 'hand_back': True},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (9, None), 'num_seqs': (None, 3)}, 'workloads': 3, 'speedup': (4.15, 4.88, 5.94), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (44, 322), 'mean_seq_len': (9, None), 'num_seqs': (None, 3)}, 'workloads': 6, 'speedup': (2.23, 2.72, 3.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 322), 'mean_seq_len': (9, None), 'num_seqs': (3, 14)}, 'workloads': 23, 'speedup': (1.03, 2.16, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (9, None), 'num_seqs': (4, 14)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'mean_seq_len': (9, None), 'num_seqs': (4, 14)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 1794), 'mean_seq_len': (9, None), 'num_seqs': (4, 14)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (25, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (25, 51)}, 'workloads': 1, 'speedup': (1.82, 1.82, 1.82), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'total_seq_len': (51, None)}, 'workloads': 5, 'speedup': (1.56, 1.62, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'total_seq_len': (51, None)}, 'workloads': 3, 'speedup': (1.45, 1.52, 1.56), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 9), 'total_seq_len': (51, None)}, 'workloads': 20, 'speedup': (1.13, 1.34, 1.53), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (322, 896), 'mean_seq_len': (9, None), 'num_seqs': (None, 2), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.66, 2.08, 2.4), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (322, 896), 'mean_seq_len': (9, None), 'num_seqs': (2, 14), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.04, 2.18, 3.23), 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 471), 'mean_seq_len': (45, 73), 'num_seqs': (14, None), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (471, 1666), 'mean_seq_len': (45, 73), 'num_seqs': (14, None), 'total_seq_len': (1448, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1666, None), 'mean_seq_len': (45, 73), 'num_seqs': (14, None), 'total_seq_len': (1448, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (73, None), 'num_seqs': (14, None), 'total_seq_len': (1448, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 2655), 'mean_seq_len': (9, 18), 'num_seqs': (14, None), 'total_seq_len': (2317, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2655, None), 'mean_seq_len': (9, 18), 'num_seqs': (14, None), 'total_seq_len': (2317, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 380), 'mean_seq_len': (18, 45), 'num_seqs': (14, None), 'total_seq_len': (2317, None)}, 'workloads': 3, 'speedup': (1.16, 1.21, 1.28), 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (380, None), 'mean_seq_len': (18, 45), 'num_seqs': (14, None), 'total_seq_len': (2317, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, 5792)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (896, 2281), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 1, 'speedup': (1.7, 1.7, 1.7), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 568), 'mean_seq_len': (45, 73), 'num_seqs': (14, None), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 42, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (568, 1666), 'mean_seq_len': (45, 73), 'num_seqs': (14, None), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (9, None), 'num_seqs': (4, 14), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 44, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1666, None), 'mean_seq_len': (45, 73), 'num_seqs': (14, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (9, None), 'num_seqs': (None, 2), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 46, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2281, 4399), 'mean_seq_len': (9, None), 'num_seqs': (2, 4), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (9, None), 'num_seqs': (2, 4), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 803), 'mean_seq_len': (45, 73), 'num_seqs': (14, None), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 49, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (803, 1666), 'mean_seq_len': (45, 73), 'num_seqs': (14, None), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (121, 896), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.04, 1.09, 1.15), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (322, 1023), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.41, 2.15, 3.24), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (11, 21), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.06, 1.08, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, None), 'mean_seq_len': (53, 1254), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 4, 'speedup': (1.27, 1.41, 1.78), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 322), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 12, 'speedup': (2.58, 3.42, 4.51), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1023, None), 'mean_seq_len': (1254, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 2, 'speedup': (1.05, 1.1, 1.14), 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (441, None), 'mean_seq_len': (53, None), 'num_seqs': (11, None), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (1.06, 1.11, 1.16), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (21, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.05, 1.07, 1.09), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (830, None), 'mean_seq_len': (None, 53), 'num_seqs': (138, None), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.15, 1.25, 1.37), 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 53), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (8.01, 8.41, 8.84), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (830, 2281), 'mean_seq_len': (None, 53), 'num_seqs': (None, 138)}, 'workloads': 3, 'speedup': (1.11, 1.15, 1.18), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 53), 'num_seqs': (None, 138)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7, 830), 'mean_seq_len': (None, 53)}, 'workloads': 54, 'speedup': (1.06, 1.6, 5.03), 'fallbacks': ()},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 53), 'num_seqs': (2, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 78), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 1, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (78, 121), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 1794), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 53), 'num_seqs': (5, 45)}, 'workloads': 3, 'speedup': (1.57, 1.82, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 2), 'num_seqs': (45, None)}, 'workloads': 4, 'speedup': (1.6, 1.63, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (2, 53), 'num_seqs': (45, None)}, 'workloads': 2, 'speedup': (1.49, 1.51, 1.54), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64')},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (121, 896), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
+    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (322, 1023), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (1448, 2438)}, 'workloads': 1, 'speedup': (3.23, 3.23, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (11, 21), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, 5792)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 1, 'speedup': (1.7, 1.7, 1.7), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (441, None), 'mean_seq_len': (53, None), 'num_seqs': (11, None), 'total_seq_len': (2896, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (53, None), 'num_seqs': (None, 2), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2281, 4399), 'mean_seq_len': (53, None), 'num_seqs': (2, 4), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4'), 'hand_back': True},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (53, None), 'num_seqs': (2, 4), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (830, None), 'mean_seq_len': (None, 53), 'num_seqs': (138, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 2), 'num_seqs': (7, 45), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (6.48, 6.48, 6.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (5, 63), 'mean_seq_len': (None, 2), 'num_seqs': (7, 45), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (3.69, 3.69, 3.69), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (2, None), 'num_seqs': (7, 45), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (4.56, 5.21, 5.94), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (13, 63), 'mean_seq_len': (2, None), 'num_seqs': (7, 45), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (3.85, 3.85, 3.85), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (63, 118), 'mean_seq_len': (26, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (5.72, 6.02, 6.34), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (118, None), 'mean_seq_len': (26, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (5.35, 5.35, 5.35), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (6, 63), 'mean_seq_len': (None, 11), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 6, 'speedup': (1.89, 2.53, 3.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (None, 26), 'num_seqs': (None, 11), 'total_seq_len': (None, 3547)}, 'workloads': 2, 'speedup': (1.63, 1.64, 1.64), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 64), 'mean_seq_len': (None, 26), 'num_seqs': (11, 45), 'total_seq_len': (None, 3547)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (64, None), 'mean_seq_len': (None, 26), 'num_seqs': (11, None), 'total_seq_len': (None, 3547)}, 'workloads': 12, 'speedup': (1.48, 2.07, 3.31), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, 64), 'mean_seq_len': (None, 26), 'num_seqs': (45, None), 'total_seq_len': (None, 3547)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (None, 7)}, 'workloads': 11, 'speedup': (5.31, 8.15, 16.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (45, None)}, 'workloads': 6, 'speedup': (2.38, 3.19, 3.95), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (6, 63), 'mean_seq_len': (11, None), 'num_seqs': (45, None)}, 'workloads': 4, 'speedup': (1.25, 1.42, 1.89), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (30, 63), 'num_seqs': (7, 45), 'total_seq_len': (90, 362)}, 'workloads': 2, 'speedup': (1.81, 2.12, 2.48), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'num_seqs': (7, 45), 'total_seq_len': (90, None)}, 'workloads': 5, 'speedup': (2.88, 3.71, 5.22), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (226, None), 'mean_seq_len': (26, None), 'num_seqs': (None, 5), 'total_seq_len': (181, 3547)}, 'workloads': 22, 'speedup': (2.2, 3.83, 7.15), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 226), 'mean_seq_len': (26, None), 'num_seqs': (None, 22), 'total_seq_len': (181, 3547)}, 'workloads': 14, 'speedup': (1.9, 3.55, 8.71), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (226, None), 'mean_seq_len': (26, None), 'num_seqs': (5, None), 'total_seq_len': (181, 3547)}, 'workloads': 16, 'speedup': (1.31, 1.98, 2.55), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, 226), 'mean_seq_len': (26, None), 'num_seqs': (22, None), 'total_seq_len': (181, 3547)}, 'workloads': 3, 'speedup': (1.45, 1.99, 2.77), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (30, 63), 'num_seqs': (7, 45), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.35, 1.6, 1.94), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (6, 63), 'mean_seq_len': (None, 11), 'num_seqs': (45, None), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.98, 2.05, 2.11), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (63, None), 'num_seqs': (None, 1), 'total_seq_len': (3547, 7643)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, None), 'num_seqs': (1, None), 'total_seq_len': (3547, 7643)}, 'workloads': 1, 'speedup': (1.6, 1.6, 1.6), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, 8189), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.3, 2.33, 3.76), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, 3371), 'mean_seq_len': (None, 104), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 2, 'speedup': (1.42, 1.54, 1.68), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (3371, 16372), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 6, 'speedup': (1.18, 1.34, 1.45), 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (63, 3371), 'mean_seq_len': (104, None), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 9, 'speedup': (1.2, 1.5, 1.79), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (12.15, 12.15, 12.15), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (1, 3), 'total_seq_len': (None, 11)}, 'workloads': 2, 'speedup': (5.5, 9.44, 16.19), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (3, 13), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (26, 44), 'num_seqs': (None, 5), 'total_seq_len': (None, 90)}, 'workloads': 3, 'speedup': (7.66, 9.21, 10.95), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (13, 26), 'mean_seq_len': (None, 11), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (44, 59), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (5.3, 6.96, 9.16), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (59, None), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (8.87, 8.87, 8.87), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (13, 26), 'mean_seq_len': (11, None), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (11.15, 11.15, 11.15), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (26, 44), 'num_seqs': (5, None), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (3, 13), 'mean_seq_len': (2, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (13.01, 13.01, 13.01), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (3, 13), 'mean_seq_len': (2, None), 'num_seqs': (5, None), 'total_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (2.88, 4.31, 5.94), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 1), 'total_seq_len': (2, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (1, 3), 'total_seq_len': (11, 362)}, 'workloads': 3, 'speedup': (3.89, 4.63, 6.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (3, 13), 'mean_seq_len': (None, 2), 'total_seq_len': (22, 362)}, 'workloads': 2, 'speedup': (3.65, 3.78, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (13, 29), 'mean_seq_len': (None, 5), 'total_seq_len': (90, 280)}, 'workloads': 1, 'speedup': (3.48, 3.48, 3.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (29, None), 'num_seqs': (None, 2), 'total_seq_len': (90, 545)}, 'workloads': 7, 'speedup': (5.52, 7.39, 11.24), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (29, None), 'num_seqs': (2, None), 'total_seq_len': (90, 545)}, 'workloads': 31, 'speedup': (1.4, 3.63, 9.34), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (13, 29), 'mean_seq_len': (5, None), 'num_seqs': (None, 22), 'total_seq_len': (90, 7643)}, 'workloads': 3, 'speedup': (3.0, 3.8, 5.22), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, 29), 'mean_seq_len': (5, None), 'num_seqs': (22, None), 'total_seq_len': (90, 7643)}, 'workloads': 2, 'speedup': (2.6, 2.8, 3.01), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, 29), 'mean_seq_len': (None, 5), 'total_seq_len': (280, 7643)}, 'workloads': 2, 'speedup': (2.33, 2.55, 2.8), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'total_seq_len': (362, 7643)}, 'workloads': 2, 'speedup': (2.5, 2.52, 2.54), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (2, None), 'total_seq_len': (362, 7643)}, 'workloads': 3, 'speedup': (2.08, 2.28, 2.47), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (29, None), 'total_seq_len': (545, 7643)}, 'workloads': 47, 'speedup': (1.75, 3.33, 8.44), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1081), 'total_seq_len': (7643, 23170)}, 'workloads': 8, 'speedup': (1.35, 1.9, 2.56), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (3371, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 181), 'total_seq_len': (7643, 28647)}, 'workloads': 5, 'speedup': (1.29, 1.65, 1.98), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (3371, None), 'mean_seq_len': (None, 1448), 'num_seqs': (181, None), 'total_seq_len': (7643, 28647)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, 8189), 'mean_seq_len': (1448, None), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.71, 2.79, 4.18), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, 3371), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 22), 'total_seq_len': (7643, None)}, 'workloads': 2, 'speedup': (1.98, 2.09, 2.2), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, 4511), 'mean_seq_len': (1448, None), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4511, 11582), 'mean_seq_len': (1448, None), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11582, None), 'mean_seq_len': (1448, None), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, 3371), 'mean_seq_len': (None, 181), 'num_seqs': (22, None), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 3371), 'mean_seq_len': (181, 1448), 'num_seqs': (22, None), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ()},
+    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1081), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
+    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (3371, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 45), 'total_seq_len': (28647, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (3371, None), 'mean_seq_len': (None, 1448), 'num_seqs': (45, None), 'total_seq_len': (28647, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -384,257 +360,229 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 1.96x (1.82x .. 2.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 1 workloads, 8.84x (8.84x .. 8.84x) over vllm_flashinfer_prefill
-    if total_seq_len <= 51 and num_seqs <= 1 and mean_seq_len <= 9 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 51 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 51 and num_seqs <= 5 and 5 < mean_seq_len <= 9 and max_seq_len > 6:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 1 workloads, 8.36x (8.36x .. 8.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 51 and 1 < num_seqs <= 5 and mean_seq_len <= 9 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 9 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 9 and max_seq_len > 11:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r32s4'
-    # region 9: 4 workloads, 1.80x (1.08x .. 2.58x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs <= 14 and mean_seq_len > 9 and 322 < max_seq_len <= 896:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 10: 2 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 14 and mean_seq_len > 45 and max_seq_len <= 380:
+    # region 1: 2 workloads, 1.09x (1.04x .. 1.15x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 121 < max_seq_len <= 896:
+        return ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 2: 9 workloads, 2.15x (1.41x .. 3.24x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 1023:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 3: 2 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 11 < num_seqs <= 21 and mean_seq_len > 53 and max_seq_len <= 441:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 11: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 14 and mean_seq_len > 45 and max_seq_len > 380:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 5 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2317 and 14 < num_seqs <= 22 and 9 < mean_seq_len <= 45 and max_seq_len <= 449:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2317 and 14 < num_seqs <= 22 and 9 < mean_seq_len <= 45 and max_seq_len > 449:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 14: 12 workloads, 1.20x (1.08x .. 1.32x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2317 and num_seqs > 22 and 9 < mean_seq_len <= 45:
-        return 'cuda_prefill_staged.r64s4'
-    # region 15: 7 workloads, 1.37x (1.07x .. 1.78x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2438 and num_seqs <= 4 and 9 < mean_seq_len <= 1773 and max_seq_len > 896:
-        return 'cuda_prefill_staged.r32s4'
-    # region 16: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 1773 and max_seq_len > 896:
+    # region 4: 4 workloads, 1.41x (1.27x .. 1.78x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2438 and num_seqs <= 4 and 53 < mean_seq_len <= 1254 and max_seq_len > 1023:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 5: 12 workloads, 3.42x (2.58x .. 4.51x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 322:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 2 workloads, 1.10x (1.05x .. 1.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 1254 and max_seq_len > 1023:
         return 'cuda_prefill_cp.p4'
-    # region 17: 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 2896 and 4 < num_seqs <= 14 and mean_seq_len > 9 and max_seq_len > 1794:
+    # region 7: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794:
         return 'cuda_prefill_staged.r32s4'
-    # region 18: 3 workloads, 4.88x (4.15x .. 5.94x) over vllm_flashinfer_prefill
-    if num_seqs <= 3 and mean_seq_len > 9 and max_seq_len <= 44:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 19: 6 workloads, 2.72x (2.23x .. 3.25x) over vllm_flashinfer_prefill
-    if num_seqs <= 3 and mean_seq_len > 9 and 44 < max_seq_len <= 322:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_direct'
-    # region 20: 23 workloads, 2.16x (1.03x .. 4.96x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 14 and mean_seq_len > 9 and max_seq_len <= 322:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 21: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-    if 4 < num_seqs <= 14 and mean_seq_len > 9 and 896 < max_seq_len <= 956:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 22: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 4 < num_seqs <= 14 and mean_seq_len > 9 and 956 < max_seq_len <= 1081:
+    # region 8: 3 workloads, 1.11x (1.06x .. 1.16x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 11 and mean_seq_len > 53 and max_seq_len > 441:
+        return 'cuda_prefill_staged.r64s4'
+    # region 9: 2 workloads, 1.07x (1.05x .. 1.09x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 53 and max_seq_len <= 441:
+        return 'cuda_prefill_staged.r64s4'
+    # region 10: 2 workloads, 1.25x (1.15x .. 1.37x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs > 138 and mean_seq_len <= 53 and max_seq_len > 830:
+        return 'cuda_prefill_staged.r64s4'
+    # region 11: 2 workloads, 8.41x (8.01x .. 8.84x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and mean_seq_len <= 53 and max_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 12: 3 workloads, 1.15x (1.11x .. 1.18x) over vllm_flashinfer_prefill
+    if num_seqs <= 138 and mean_seq_len <= 53 and 830 < max_seq_len <= 2281:
+        return 'cuda_prefill_staged.r64s4'
+    # region 14: 54 workloads, 1.60x (1.06x .. 5.03x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 53 and 7 < max_seq_len <= 830:
+        return 'cuda_prefill_staged.r64s4'
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if 2 < num_seqs <= 5 and mean_seq_len <= 53 and max_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 16: 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill
+    if 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len <= 78:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if 4 < num_seqs <= 11 and mean_seq_len > 53 and 78 < max_seq_len <= 121:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 18: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if 4 < num_seqs <= 11 and mean_seq_len > 53 and 896 < max_seq_len <= 956:
+        return ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 4 < num_seqs <= 11 and mean_seq_len > 53 and 956 < max_seq_len <= 1081:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if 4 < num_seqs <= 14 and mean_seq_len > 9 and 1081 < max_seq_len <= 1794:
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if 4 < num_seqs <= 11 and mean_seq_len > 53 and 1081 < max_seq_len <= 1794:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6:
+    # region 21: 3 workloads, 1.82x (1.57x .. 2.11x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 45 and mean_seq_len <= 53 and max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill
-    if 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 26: 5 workloads, 1.62x (1.56x .. 1.66x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 3 workloads, 1.52x (1.45x .. 1.56x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len > 13:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 20 workloads, 1.34x (1.13x .. 1.53x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 2 < mean_seq_len <= 9:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 29: 3 workloads, 2.08x (1.66x .. 2.40x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs <= 2 and mean_seq_len > 9 and 322 < max_seq_len <= 896:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r32s4'
-    # region 30: 3 workloads, 2.18x (1.04x .. 3.23x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and 2 < num_seqs <= 14 and mean_seq_len > 9 and 322 < max_seq_len <= 896:
+    # region 22: 4 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill
+    if num_seqs > 45 and mean_seq_len <= 2 and max_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 2 workloads, 1.51x (1.49x .. 1.54x) over vllm_flashinfer_prefill
+    if num_seqs > 45 and 2 < mean_seq_len <= 53 and max_seq_len <= 7:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 24: 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 121 < max_seq_len <= 896:
         return 'flashinfer_direct'
-    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 1448 < total_seq_len <= 2896 and num_seqs > 14 and 45 < mean_seq_len <= 73 and max_seq_len <= 471:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
-    if 1448 < total_seq_len <= 2896 and num_seqs > 14 and 45 < mean_seq_len <= 73 and 471 < max_seq_len <= 1666:
-        return 'cuda_prefill_staged.r64s4'
-    # region 33: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 1448 < total_seq_len <= 2896 and num_seqs > 14 and 45 < mean_seq_len <= 73 and max_seq_len > 1666:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 16 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 14 and mean_seq_len > 73:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2317 and num_seqs > 14 and 9 < mean_seq_len <= 18 and max_seq_len <= 2655:
-        return 'cuda_prefill_staged.r64s4'
-    # region 37: 3 workloads, 1.21x (1.16x .. 1.28x) over vllm_flashinfer_prefill
-    if total_seq_len > 2317 and num_seqs > 14 and 18 < mean_seq_len <= 45 and max_seq_len <= 380:
-        return 'cuda_prefill_staged.r64s4'
-    # region 38: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2317 and num_seqs > 14 and 18 < mean_seq_len <= 45 and max_seq_len > 380:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 2438 < total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 2281:
+    # region 25: 1 workloads, 3.23x (3.23x .. 3.23x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 1023:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
+    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 11 < num_seqs <= 21 and mean_seq_len > 53 and max_seq_len <= 441:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 2438 < total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 2281:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill
-    if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 9 and 896 < max_seq_len <= 2281:
+    # region 28: 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill
+    if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 2281:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 42: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 5792 and num_seqs > 14 and 45 < mean_seq_len <= 73 and 568 < max_seq_len <= 1666:
-        return 'cuda_prefill_staged.r64s4'
-    # region 43: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 4 < num_seqs <= 14 and mean_seq_len > 9 and max_seq_len > 1794:
+    # region 29: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs > 14 and 45 < mean_seq_len <= 73 and max_seq_len > 1666:
-        return 'cuda_prefill_staged.r64s4'
-    # region 45: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs <= 2 and mean_seq_len > 9 and max_seq_len > 2281:
+    # region 30: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs > 11 and mean_seq_len > 53 and max_seq_len > 441:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 31: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 53 and max_seq_len <= 441:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len > 2281:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 9 and 2281 < max_seq_len <= 4399:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 4399:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 49: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 5792 and num_seqs > 14 and 45 < mean_seq_len <= 73 and 803 < max_seq_len <= 1666:
-        return 'cuda_prefill_staged.r64s4'
+    # region 33: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and 2281 < max_seq_len <= 4399:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
+    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 4399:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs > 138 and mean_seq_len <= 53 and max_seq_len > 830:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 6.48x (6.48x .. 6.48x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and 7 < num_seqs <= 45 and mean_seq_len <= 2 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 1 workloads, 3.69x (3.69x .. 3.69x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and 7 < num_seqs <= 45 and mean_seq_len <= 2 and 5 < max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 2 workloads, 5.21x (4.56x .. 5.94x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and 7 < num_seqs <= 45 and mean_seq_len > 2 and max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 1 workloads, 3.85x (3.85x .. 3.85x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and 7 < num_seqs <= 45 and mean_seq_len > 2 and 13 < max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 2 workloads, 6.02x (5.72x .. 6.34x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and mean_seq_len > 26 and 63 < max_seq_len <= 118:
-        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 1 workloads, 5.35x (5.35x .. 5.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and mean_seq_len > 26 and max_seq_len > 118:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 6 workloads, 2.53x (1.89x .. 3.48x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 45 and mean_seq_len <= 11 and 6 < max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 2 workloads, 1.64x (1.63x .. 1.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3547 and num_seqs <= 11 and mean_seq_len <= 26 and max_seq_len > 63:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 1: 1 workloads, 12.15x (12.15x .. 12.15x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2 and max_seq_len <= 1:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 9.44x (5.50x .. 16.19x) over vllm_flashinfer_prefill
+    if total_seq_len <= 11 and 1 < max_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 22 and mean_seq_len <= 2 and 3 < max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 3 workloads, 9.21x (7.66x .. 10.95x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 5 and 26 < max_seq_len <= 44:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 90 and mean_seq_len <= 11 and 13 < max_seq_len <= 26:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 2 workloads, 6.96x (5.30x .. 9.16x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 44 < max_seq_len <= 59:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 1 workloads, 8.87x (8.87x .. 8.87x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and max_seq_len > 59:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 8: 1 workloads, 11.15x (11.15x .. 11.15x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and mean_seq_len > 11 and 13 < max_seq_len <= 26:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
     # region 9: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 3547 and 11 < num_seqs <= 45 and mean_seq_len <= 26 and 63 < max_seq_len <= 64:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 10: 12 workloads, 2.07x (1.48x .. 3.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3547 and num_seqs > 11 and mean_seq_len <= 26 and max_seq_len > 64:
+    if total_seq_len <= 90 and num_seqs > 5 and 26 < max_seq_len <= 44:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 1 workloads, 13.01x (13.01x .. 13.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs <= 5 and mean_seq_len > 2 and 3 < max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 11: 4 workloads, 4.31x (2.88x .. 5.94x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 5 and mean_seq_len > 2 and 3 < max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if 2 < total_seq_len <= 362 and max_seq_len <= 1:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 13: 3 workloads, 4.63x (3.89x .. 6.48x) over vllm_flashinfer_prefill
+    if 11 < total_seq_len <= 362 and 1 < max_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 2 workloads, 3.78x (3.65x .. 3.92x) over vllm_flashinfer_prefill
+    if 22 < total_seq_len <= 362 and mean_seq_len <= 2 and 3 < max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 1 workloads, 3.48x (3.48x .. 3.48x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 280 and mean_seq_len <= 5 and 13 < max_seq_len <= 29:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 7 workloads, 7.39x (5.52x .. 11.24x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 545 and num_seqs <= 2 and max_seq_len > 29:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 17: 31 workloads, 3.63x (1.40x .. 9.34x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 545 and num_seqs > 2 and max_seq_len > 29:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 3547 and num_seqs > 45 and mean_seq_len <= 26 and 63 < max_seq_len <= 64:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 11 workloads, 8.15x (5.31x .. 16.19x) over vllm_flashinfer_prefill
-    if num_seqs <= 7 and max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 13: 6 workloads, 3.19x (2.38x .. 3.95x) over vllm_flashinfer_prefill
-    if num_seqs > 45 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 4 workloads, 1.42x (1.25x .. 1.89x) over vllm_flashinfer_prefill
-    if num_seqs > 45 and mean_seq_len > 11 and 6 < max_seq_len <= 63:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 2 workloads, 2.12x (1.81x .. 2.48x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 362 and 7 < num_seqs <= 45 and 30 < max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 5 workloads, 3.71x (2.88x .. 5.22x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and 7 < num_seqs <= 45 and max_seq_len <= 30:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 22 workloads, 3.83x (2.20x .. 7.15x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 3547 and num_seqs <= 5 and mean_seq_len > 26 and max_seq_len > 226:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 18: 14 workloads, 3.55x (1.90x .. 8.71x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 3547 and num_seqs <= 22 and mean_seq_len > 26 and 63 < max_seq_len <= 226:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 19: 16 workloads, 1.98x (1.31x .. 2.55x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 3547 and num_seqs > 5 and mean_seq_len > 26 and max_seq_len > 226:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 3 workloads, 1.99x (1.45x .. 2.77x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 3547 and num_seqs > 22 and mean_seq_len > 26 and 63 < max_seq_len <= 226:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 3 workloads, 1.60x (1.35x .. 1.94x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and 7 < num_seqs <= 45 and 30 < max_seq_len <= 63:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 22: 3 workloads, 2.05x (1.98x .. 2.11x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs > 45 and mean_seq_len <= 11 and 6 < max_seq_len <= 63:
+    # region 18: 3 workloads, 3.80x (3.00x .. 5.22x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 7643 and num_seqs <= 22 and mean_seq_len > 5 and 13 < max_seq_len <= 29:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 19: 2 workloads, 2.80x (2.60x .. 3.01x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 7643 and num_seqs > 22 and mean_seq_len > 5 and 13 < max_seq_len <= 29:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 3547 < total_seq_len <= 7643 and num_seqs <= 1 and max_seq_len > 63:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill
-    if 3547 < total_seq_len <= 7643 and num_seqs > 1 and max_seq_len > 63:
+    # region 20: 2 workloads, 2.55x (2.33x .. 2.80x) over vllm_flashinfer_prefill
+    if 280 < total_seq_len <= 7643 and mean_seq_len <= 5 and 13 < max_seq_len <= 29:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 21: 2 workloads, 2.52x (2.50x .. 2.54x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 7643 and mean_seq_len <= 2 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 22: 3 workloads, 2.28x (2.08x .. 2.47x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 7643 and mean_seq_len > 2 and max_seq_len <= 13:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 47 workloads, 3.33x (1.75x .. 8.44x) over vllm_flashinfer_prefill
+    if 545 < total_seq_len <= 7643 and max_seq_len > 29:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 24: 8 workloads, 1.90x (1.35x .. 2.56x) over vllm_flashinfer_prefill
+    if 7643 < total_seq_len <= 23170 and max_seq_len <= 1081:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 4 workloads, 2.33x (1.30x .. 3.76x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs <= 4 and 63 < max_seq_len <= 8189:
+    # region 25: 5 workloads, 1.65x (1.29x .. 1.98x) over vllm_flashinfer_prefill
+    if 7643 < total_seq_len <= 28647 and num_seqs <= 181 and mean_seq_len <= 1448 and max_seq_len > 3371:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7643 and num_seqs <= 4 and max_seq_len > 8189:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 2 workloads, 1.54x (1.42x .. 1.68x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs > 4 and mean_seq_len <= 104 and 63 < max_seq_len <= 3371:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 6 workloads, 1.34x (1.18x .. 1.45x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs > 4 and 3371 < max_seq_len <= 16372:
+    # region 26: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+    if 7643 < total_seq_len <= 28647 and num_seqs > 181 and mean_seq_len <= 1448 and max_seq_len > 3371:
         return 'flashinfer_direct'
-    # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7643 and num_seqs > 4 and max_seq_len > 16372:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 9 workloads, 1.50x (1.20x .. 1.79x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 104 and 63 < max_seq_len <= 3371:
+    # region 27: 4 workloads, 2.79x (1.71x .. 4.18x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs <= 4 and mean_seq_len > 1448 and 1081 < max_seq_len <= 8189:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 28: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7643 and num_seqs <= 4 and mean_seq_len > 1448 and max_seq_len > 8189:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 2 workloads, 2.09x (1.98x .. 2.20x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs <= 22 and mean_seq_len <= 1448 and 1081 < max_seq_len <= 3371:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 1448 and 1081 < max_seq_len <= 4511:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 31: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 1448 and 4511 < max_seq_len <= 11582:
+        return 'flashinfer_direct'
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 7643 and num_seqs > 22 and mean_seq_len <= 181 and 1081 < max_seq_len <= 3371:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 34: 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs > 22 and 181 < mean_seq_len <= 1448 and 1081 < max_seq_len <= 3371:
+        return 'flashinfer_direct'
+    # region 35: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
+    if total_seq_len > 23170 and max_seq_len <= 1081:
+        return 'flashinfer_direct'
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 28647 and num_seqs <= 45 and mean_seq_len <= 1448 and max_seq_len > 3371:
+        return 'cuda_prefill_staged.r64s4'
+    # region 37: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 28647 and num_seqs > 45 and mean_seq_len <= 1448 and max_seq_len > 3371:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 1773 and max_seq_len > 896:  # region 16
+    if total_seq_len <= 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794:  # region 7
         return True
-    if total_seq_len <= 2896 and 4 < num_seqs <= 14 and mean_seq_len > 9 and max_seq_len > 1794:  # region 17
-        return True
-    if 1448 < total_seq_len <= 2896 and num_seqs > 14 and 45 < mean_seq_len <= 73 and 471 < max_seq_len <= 1666:  # region 32
-        return True
-    if 2896 < total_seq_len <= 5792 and num_seqs > 14 and 45 < mean_seq_len <= 73 and 568 < max_seq_len <= 1666:  # region 42
-        return True
-    if total_seq_len > 2896 and num_seqs > 14 and 45 < mean_seq_len <= 73 and max_seq_len > 1666:  # region 44
-        return True
-    if total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 9 and 2281 < max_seq_len <= 4399:  # region 46
-        return True
-    if total_seq_len > 5792 and num_seqs > 14 and 45 < mean_seq_len <= 73 and 803 < max_seq_len <= 1666:  # region 49
+    if total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and 2281 < max_seq_len <= 4399:  # region 33
         return True
     return False
