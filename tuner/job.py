@@ -21,9 +21,12 @@ eager router at the baseline on 39 workloads where `cuda_prefill_staged.r32s4` w
 (H200, 2026-12-01: the held-out eager regret 27.7% mean unpaired, 10.1% once retaken in turns).
 `tune --eager-turns-only` runs `retake_eager_job` instead: the turns alone, on rows a tune stored.
 A crash then loses the workload's rows timed before it (the restarted worker measures them again);
-one during the turns blames no variant. The tune keeps each variant's own eager loop unless asked:
-a store's rows are compared across runs, and a turn's time depends on its companions (colder after
-more of them), so a definition is best measured one way throughout (`route` warns where it is not).
+one during the turns blames no variant. A store's rows are compared across runs, so a definition is
+best measured one way throughout (`route` warns where it is not): unless asked, a tune takes a
+definition's eager times as most of its stored rows on the GPU took them (tuner/flows.py
+`stored_in_turns`), each variant's own loop where it has none. A turn's time still depends on its
+companions (colder after more of them): new variants' rows, in turns with the baseline's call alone,
+are compared with it round by round, and with the other variants by their medians.
 
 Screening (`Job.extra["screen"]`, a factor: `kdispatch tune --screen`, default tuner/cli.py
 SCREEN_FACTOR): every pending variant and the baseline first get a rough time on the workload
