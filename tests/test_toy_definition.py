@@ -686,3 +686,45 @@ def test_a_tune_of_a_new_variant_pairs_its_eager_rows_and_route_warns_of_unpaire
         assert set(forced[1]) == {"toy_twin", registry.baseline(NAME, "cpu").name} < set(forced[0]), forced
     finally:
         registry.unregister(NAME, "toy_twin")
+
+
+def test_eager_turns_only_retakes_a_minority_of_own_loop_rows_alone_with_the_baseline(tmp_path, toy):
+    """On a workload mostly in turns, the rows of own loops (a variant re-measured before tunes took
+    new rows in turns) are taken again alone, the baseline's call for company, and paired with it; where
+    own loops are half of the rows or more, the workload is taken again whole."""
+    import dataclasses
+    import io
+
+    write_traces(tmp_path, (2, 5))
+    store = tmp_path / "store" / "cpu.sqlite"
+    kw = dict(definitions=["toy_scale"], device="cpu", env=ENV, store=store, quick=True, compile_routers=False,
+              stream=open(os.devnull, "w"))
+    for name in ("toy_twin", "toy_new"):
+        registry.variant(NAME, name, backend="torch", archs=("*",))(lambda x, alpha: x * alpha)
+    try:
+        flows.tune(tmp_path / "traces", eager_turns=True, **kw)
+
+        def as_own_loops(names):
+            for r in Store.open(store).results(NAME):
+                if r.variant in names:
+                    Store.open(store).put(dataclasses.replace(r, metrics={
+                        k: v for k, v in r.metrics.items() if k not in ("eager_turns_s", "eager_paired")}))
+
+        def pending():
+            return flows.pending(tmp_path / "traces", definitions=["toy_scale"], device="cpu", store=store,
+                                 stream=io.StringIO(), eager_only=True)[NAME]
+
+        as_own_loops({"toy_twin"})  # one row of four a workload
+        assert pending() == {"toy_twin": 2}
+        others = {(r.variant, r.uuid): r for r in Store.open(store).results(NAME) if r.variant != "toy_twin"}
+        flows.tune(tmp_path / "traces", eager_only=True, **kw)
+        twin = [r for r in Store.open(store).results(NAME) if r.variant == "toy_twin"]
+        assert len(twin) == 2 and all(r.metrics["eager_paired"]["baseline"] == registry.baseline(NAME, "cpu").name
+                                      for r in twin)
+        assert {(r.variant, r.uuid): r for r in Store.open(store).results(NAME) if r.variant != "toy_twin"} == others
+        assert not pending()
+        as_own_loops({"toy_twin", "toy_new"})  # half of them: the workloads whole
+        assert pending() == {"reference": 2, "toy_fast": 2, "toy_twin": 2, "toy_new": 2}
+    finally:
+        for name in ("toy_twin", "toy_new"):
+            registry.unregister(NAME, name)

@@ -93,8 +93,9 @@ def add_commands(sub) -> None:
                    help="measure nothing new: take the eager times of the store's passing rows (this GPU's, of the "
                         "variants' current code) again, in turns, workload by workload; no gate, no graph timing "
                         "(a definition of own-loop rows becomes one of turns in a fraction of a tune); on workloads "
-                        "already in turns, rows taken without the baseline's call, alone with it (--force: those "
-                        "workloads whole; --variants / --skip-variants: those variants' rows and the baseline's)")
+                        "mostly in turns already, rows of own loops or taken without the baseline's call, alone with "
+                        "its call (--force: every workload whole; --variants / --skip-variants: those variants' rows "
+                        "and the baseline's)")
     p.add_argument("--retake-before", metavar="UTC", type=_utc,
                    help="with --eager-turns-only: also take again the workloads with a row measured before this "
                         "time (e.g. 2026-11-29T22:02:00Z): a --force retake cut short resumes given its start time, "

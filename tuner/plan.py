@@ -188,15 +188,17 @@ def retake_plan(store: Store, env_id: str, arch: str, roots, definition: str, qu
     """What `tune --eager-turns-only` takes again: on each workload of `roots`, the eager times of every
     store row of this environment that passed, is of the variant's current code and was timed eagerly
     under `slow_us` (tuner/timing.py SLOW_US: slower rows keep their own loop's times in turns too), in
-    turns together (tuner/job.py `retake_eager_job`); workloads whose rows all took theirs in turns
-    already are left out unless `force`, or unless one of them was measured before `taken_before` (a
-    UTC time as the store writes it, e.g. 2026-11-29T22:02:00Z: a forced retake cut short resumes with
-    its start, where `force` would begin again); those with one such row are left out (a turn needs
-    company). On the workloads left out, rows taken in turns without the baseline's call
-    (`unpaired_in_turns`) are taken again alone, with the baseline's call for company (tuner/job.py
-    `_companion`): a fraction of their workloads' rows. `variant_names`, `skip`: as `plan` (the
-    baseline's rows are among them). Returns the plan and {uuid: {variant: the row}} of what it takes
-    again (`hash_of`, `runs`: as `plan`)."""
+    turns together (tuner/job.py `retake_eager_job`), where the workload's rows took theirs in each
+    variant's own loop (half of them or more, or the baseline's), or `force`, or one of them was
+    measured before `taken_before` (a UTC time as the store writes it, e.g. 2026-11-29T22:02:00Z: a
+    forced retake cut short resumes with its start, where `force` would begin again); those with one
+    such row are left out (a turn needs company). On the other workloads, mostly in turns already, the
+    rows of own loops (a variant re-measured before a tune took them in turns by itself) and those
+    taken in turns without the baseline's call (`unpaired_in_turns`) are taken again alone, with the
+    baseline's call for company (tuner/job.py `_companion`), as a tune takes a new variant's: a
+    fraction of their workloads' rows. `variant_names`, `skip`: as `plan` (the baseline's rows are
+    among them). Returns the plan and {uuid: {variant: the row}} of what it takes again (`hash_of`,
+    `runs`: as `plan`)."""
     p = plan(store, env_id, arch, roots, definition, variant_names, quick=quick, force=True, skip=skip,
              hash_of=hash_of, runs=runs)
     wanted = set(p.pending)
@@ -211,10 +213,18 @@ def retake_plan(store: Store, env_id: str, arch: str, roots, definition: str, qu
         if (r.variant, r.uuid) not in wanted or r.status != PASSED or r.eager_us is None or r.eager_us >= slow_us:
             continue
         rows.setdefault(r.uuid, {})[r.variant] = r
+    def own_loop(r) -> bool:
+        return "eager_turns_s" not in (r.metrics or {})
+
+    def mostly_own_loops(by: dict) -> bool:
+        return 2 * sum(map(own_loop, by.values())) >= len(by) or (p.baseline in by and own_loop(by[p.baseline]))
+
     whole = {u: by for u, by in rows.items() if len(by) > 1 and
-             (force or any("eager_turns_s" not in (r.metrics or {}) for r in by.values())
+             (force or mostly_own_loops(by)
               or (taken_before is not None and any(r.measured_at < taken_before for r in by.values())))}
-    unpaired = {u: {n: r for n, r in by.items() if unpaired_in_turns(r, p.baseline, base_rows.get(u))}
+    # the rest alone, the baseline's call for company (a lone baseline row has none to pair with)
+    unpaired = {u: {n: r for n, r in by.items() if n != p.baseline
+                    and (own_loop(r) or unpaired_in_turns(r, p.baseline, base_rows.get(u)))}
                 for u, by in rows.items() if u not in whole}
     rows = {**{u: by for u, by in unpaired.items() if by}, **whole}
     pending = [(n, u) for u in sorted(rows) for n in sorted(rows[u])]
