@@ -31,7 +31,7 @@ from . import codegen, features
 from . import fit as fitting
 from .job import ROUTED_HINTED, WARM_SKIPS, now
 from .plan import (QUICK_DIR, ROUTERS_DIR, Plan, detect_environment, make_jobs, parse_devices, plan, retake_plan,
-                   unpaired_in_turns, workload_dicts)
+                   taken_in_turns, unpaired_in_turns, workload_dicts)
 from .pool import Progress, clock, execute
 from .stats import MODES, beats, geomean, slower, timed
 from .store import RESULTS_DIR, Result, Store, default_path, slug, stores_in
@@ -563,7 +563,7 @@ def stored_in_turns(store: Store, device: str, definition: str) -> bool:
     envs = {e["id"] for e in store.envs() if e["device"] == device}
     rows = [r for r in store.results(definition)
             if r.env in envs and r.passed and r.eager_us is not None and r.eager_us < SLOW_US]
-    return 2 * sum(1 for r in rows if "eager_turns_s" in (r.metrics or {})) > len(rows)
+    return 2 * sum(map(taken_in_turns, rows)) > len(rows)
 
 
 def _eager_protocols(table) -> dict[str, tuple[int, int]]:
@@ -574,7 +574,7 @@ def _eager_protocols(table) -> dict[str, tuple[int, int]]:
     for e in table.devices:
         rows = [r for r in table.on_device(e["device"]).rows.values()
                 if r.passed and r.eager_us is not None and r.eager_us < SLOW_US]
-        turns = sum(1 for r in rows if "eager_turns_s" in (r.metrics or {}))
+        turns = sum(map(taken_in_turns, rows))
         out[e["device"]] = (turns, len(rows) - turns)
     return out
 

@@ -213,22 +213,26 @@ def retake_plan(store: Store, env_id: str, arch: str, roots, definition: str, qu
         if (r.variant, r.uuid) not in wanted or r.status != PASSED or r.eager_us is None or r.eager_us >= slow_us:
             continue
         rows.setdefault(r.uuid, {})[r.variant] = r
-    def own_loop(r) -> bool:
-        return "eager_turns_s" not in (r.metrics or {})
 
     def mostly_own_loops(by: dict) -> bool:
-        return 2 * sum(map(own_loop, by.values())) >= len(by) or (p.baseline in by and own_loop(by[p.baseline]))
+        own = [n for n, r in by.items() if not taken_in_turns(r)]
+        return 2 * len(own) >= len(by) or p.baseline in own
 
     whole = {u: by for u, by in rows.items() if len(by) > 1 and
              (force or mostly_own_loops(by)
               or (taken_before is not None and any(r.measured_at < taken_before for r in by.values())))}
     # the rest alone, the baseline's call for company (a lone baseline row has none to pair with)
     unpaired = {u: {n: r for n, r in by.items() if n != p.baseline
-                    and (own_loop(r) or unpaired_in_turns(r, p.baseline, base_rows.get(u)))}
+                    and (not taken_in_turns(r) or unpaired_in_turns(r, p.baseline, base_rows.get(u)))}
                 for u, by in rows.items() if u not in whole}
     rows = {**{u: by for u, by in unpaired.items() if by}, **whole}
     pending = [(n, u) for u in sorted(rows) for n in sorted(rows[u])]
     return Plan(p.definition, p.baseline, p.variants, p.workloads, pending, p.skipped_unsupported), rows
+
+
+def taken_in_turns(row) -> bool:
+    """Did the row take its eager times in turns with other calls (tuner/job.py), not in its own loop?"""
+    return "eager_turns_s" in (row.metrics or {})
 
 
 def unpaired_in_turns(row, baseline: str, baseline_row) -> bool:
@@ -236,7 +240,7 @@ def unpaired_in_turns(row, baseline: str, baseline_row) -> bool:
     before tuner/job.py `_companion`) where the baseline's row passed: the eager fit then compares it
     with the baseline's row of another run by the two spreads, not round by round (tuner/fit.py)."""
     return (row.variant != baseline and row.passed and row.eager_us is not None and row.eager_us < SLOW_US
-            and "eager_turns_s" in (row.metrics or {})
+            and taken_in_turns(row)
             and (row.metrics.get("eager_paired") or {}).get("baseline") != baseline
             and baseline_row is not None and baseline_row.passed)
 
@@ -280,7 +284,7 @@ def make_jobs(plans: list[Plan], n_workers: int, device: str, quick: bool, trial
             part = ws[c::chunks]
             job = Job(p.definition, part, {w["uuid"]: by_uuid[w["uuid"]] for w in part}, device, quick, trials,
                       extra={"screen": screen, "baseline": p.baseline} if screen else {})
-            if eager_turns or p.eager_turns:  # the baseline: what each variant's eager calls are paired with (tuner/job.py)
+            if eager_turns or p.eager_turns:  # the baseline: what each eager call is paired with (tuner/job.py)
                 job.extra.update(eager_turns=True, baseline=p.baseline)
             if executor:
                 job.executor = executor
