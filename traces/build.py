@@ -22,7 +22,10 @@ and two more datasets of the same layout, sampled from each spec's `coverage` ra
                 "skewed" and "equal" length mixes), one tensor per workload, keyed `<uuid>/<input>`
 
 Sampling is seeded by (set, definition name); uuids are derived from (set, definition, axes, mix),
-so a changed range gives new uuids (and new measurements) rather than new axes under old uuids.
+so a changed range gives new uuids (and new measurements) rather than new axes under old uuids. A
+shape measured in one mix only (the draws; a grid shape that `one_mix` says every mix gives alike)
+takes the mix its place in the list picks, so a grid inserted before others renames those: new grids
+go at the end of `more_grids`.
 
 Every tensor input is `{"type": "random"}`: the contest's safetensors blobs (real sequence lengths,
 sparse indices, routing logits, states) are not available, and `kdispatch.workloads.materialize`
