@@ -51,6 +51,7 @@ def fake_vllm(monkeypatch):
                                   use_qk_l2norm_in_kernel=True, state_checkpoints=None, checkpoint_cu_starts=None,
                                   checkpoint_every_n_tokens=0, use_cp="auto"):
         calls.append(("fi", initial_state.dtype))
+        torch.exp(g)  # as vLLM <= 0.33, which takes the log decay and exponentiates it for FlashInfer
         return v.new_empty(v.shape), initial_state.float()
 
     def fla_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -380,3 +381,54 @@ def test_the_gathered_views_slot_and_flag_buffers_are_right_after_growing():
     assert identity_slots(5, torch.device("cpu")).tolist() == list(range(5))
     flags = all_true(600, torch.device("cpu"))
     assert flags.dtype == torch.bool and flags.shape == (600,) and bool(flags.all())
+
+
+def test_vllm_034s_flashinfer_prefill_stays_vllms(monkeypatch, fake_vllm, kernels_here):
+    """vLLM 0.34 hands fi_chunk_gated_delta_rule exp(g) and an `output` slice of the layer's buffer: the
+    swap takes the argument (no TypeError in vLLM's forward) and leaves the call to vLLM, `output`
+    passed on, since kdispatch would read the gate as a log decay."""
+    module, calls = fake_vllm
+
+    def fi_chunk_gated_delta_rule(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None,
+                                  use_qk_l2norm_in_kernel=True, state_checkpoints=None, checkpoint_cu_starts=None,
+                                  checkpoint_every_n_tokens=0, use_cp="auto", output=None):
+        calls.append(("fi 0.34", output))
+        return v.new_empty(v.shape), initial_state.float()
+
+    module.fi_chunk_gated_delta_rule = fi_chunk_gated_delta_rule
+    monkeypatch.setitem(plugin.PREFILL_STATS, "first_pass_reason", None)
+    monkeypatch.setenv(plugin.SWITCH, "1")
+    monkeypatch.setenv(plugin.PREFILL_SWITCH, "1")
+    plugin.register()
+    assert module.fi_chunk_gated_delta_rule is plugin.fi_chunk_call
+    kw, _ = vllm_prefill_call()
+    buffer = torch.empty(40, 8, 128, dtype=torch.bfloat16)
+    module.fi_chunk_gated_delta_rule(**{**kw, "g": kw["g"].exp()}, output=buffer)
+    module.fi_chunk_gated_delta_rule(**{**kw, "g": kw["g"].exp()})
+    assert calls == [("fi 0.34", buffer), ("fi 0.34", None)]
+    assert "exp(g)" in plugin.PREFILL_STATS["first_pass_reason"]
+
+
+def test_a_log_gate_prefill_with_an_output_buffer_is_written_there(monkeypatch, fake_vllm, kernels_here):
+    """Where vLLM's function takes the log decay and an `output` buffer, kdispatch writes the output there."""
+    module, calls = fake_vllm
+
+    def fi_chunk_gated_delta_rule(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None,
+                                  use_qk_l2norm_in_kernel=True, state_checkpoints=None, checkpoint_cu_starts=None,
+                                  checkpoint_every_n_tokens=0, use_cp="auto", output=None):
+        calls.append(("fi", output.shape))
+        torch.exp(g)  # takes the log decay
+        return v.new_empty(v.shape), initial_state.float()
+
+    module.fi_chunk_gated_delta_rule = fi_chunk_gated_delta_rule
+    monkeypatch.setenv(plugin.SWITCH, "1")
+    monkeypatch.setenv(plugin.PREFILL_SWITCH, "1")
+    plugin.register()
+    kw, ref = vllm_prefill_call()
+    want_out, _ = registry.get("gdn_prefill_gathered_qk4_v8", "reference").fn(*ref)
+    buffer = torch.full((40, 8, 128), float("nan"), dtype=torch.bfloat16)
+    out, _ = module.fi_chunk_gated_delta_rule(**kw, output=buffer)
+    assert calls == [] and out.data_ptr() == buffer.data_ptr()
+    torch.testing.assert_close(buffer, want_out, rtol=0, atol=0)
+    module.fi_chunk_gated_delta_rule(**kw, output=buffer[:, :4])  # not contiguous: vLLM's
+    assert calls == [("fi", (40, 4, 128))]

@@ -29,8 +29,10 @@ vLLM's function:
   scatters the returned final states back; kdispatch writes the final states over the gathered ones
   and returns them (bf16 states, Qwen3-Next's default, are converted to fp32 first, as vLLM's
   FlashInfer path does). vLLM's layer normalises q/k before the call, as the definitions want (a
-  call asking the kernel to normalise them, `use_qk_l2norm_in_kernel=True`, stays vLLM's). Calls
-  with FlashInfer state checkpoints (prefix caching's "align" mode) stay vLLM's, and so does every
+  call asking the kernel to normalise them, `use_qk_l2norm_in_kernel=True`, stays vLLM's). vLLM 0.34
+  hands its FlashInfer function the gate exp(g) where the definitions take the log decay, and an
+  `output` slice to write: those calls stay vLLM's (`_exponentiates_gates`; read from vLLM 0.34.0's
+  source, 2026-12-02), as do calls with FlashInfer state checkpoints (prefix caching's "align" mode) and every
   call where those definitions have no router for the GPU yet (`serving.not_served`). They are
   routed with the batch's longest query as `max_seq_len`: `build` of vLLM's
   `GDNAttentionMetadataBuilder` is wrapped to note the batch's prefill count and
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import logging
 import os
 
@@ -279,19 +282,43 @@ def _prefill(short, features, strided, variant, q, k, v, g, beta, scale, initial
 
 
 def fi_chunk_call(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None, use_qk_l2norm_in_kernel=True,
-                  state_checkpoints=None, checkpoint_cu_starts=None, checkpoint_every_n_tokens=0, use_cp="auto"):
-    """vLLM's fi_chunk_gated_delta_rule contract: (o [1, T, HV, V], final states [N, HV, V, K] fp32)."""
+                  state_checkpoints=None, checkpoint_cu_starts=None, checkpoint_every_n_tokens=0, use_cp="auto",
+                  output=None):
+    """vLLM's fi_chunk_gated_delta_rule contract: (o [1, T, HV, V] (in `output` where given, vLLM >= 0.34),
+    final states [N, HV, V, K] fp32)."""
+    original = _originals[FI_PREFILL]
+
     def engine():
-        return _originals[FI_PREFILL](
+        given = {} if output is None else {"output": output}  # earlier vLLMs' function takes no `output`
+        return original(
             q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, output_final_state=output_final_state,
             cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_checkpoints=state_checkpoints,
             checkpoint_cu_starts=checkpoint_cu_starts, checkpoint_every_n_tokens=checkpoint_every_n_tokens,
-            use_cp=use_cp)
+            use_cp=use_cp, **given)
 
     why = ("FlashInfer state checkpoints" if state_checkpoints is not None or checkpoint_every_n_tokens else
-           "context parallel asked for" if use_cp is True else None)
+           "context parallel asked for" if use_cp is True else
+           "gates given as exp(g), FlashInfer's own convention (vLLM >= 0.34): the definitions take the log decay"
+           if not _exponentiates_gates(original) else _unusable_buffer(output, v))
     return _prefill_call(engine, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens,
-                         use_qk_l2norm_in_kernel, why=why)
+                         use_qk_l2norm_in_kernel, core_attn_out=output, why=why)
+
+
+@functools.lru_cache(maxsize=8)
+def _exponentiates_gates(fi_chunk) -> bool:
+    """Does vLLM's fi_chunk_gated_delta_rule take g as the log decay, the definitions' `g`, and
+    exponentiate it for FlashInfer itself (vLLM <= 0.33: `torch.exp` in its code)? vLLM 0.34 passes
+    it exp(g) (its `fused_post_conv_prep(output_g_exp=True)`), which kdispatch would read as a log
+    decay: those calls stay vLLM's, as do calls to a function whose code does not say."""
+    code = getattr(inspect.unwrap(fi_chunk), "__code__", None)
+    return code is not None and "exp" in code.co_names
+
+
+def _unusable_buffer(buffer, v) -> str | None:
+    """Why kdispatch cannot write the output into vLLM's `buffer` (None: it can, or there is none)."""
+    if buffer is None or (buffer.dtype == torch.bfloat16 and buffer.is_contiguous() and buffer.numel() >= v.numel()):
+        return None
+    return "an output buffer that is not a contiguous bf16 one of at least the output's size"
 
 
 def fla_chunk_call(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
@@ -304,11 +331,8 @@ def fla_chunk_call(q, k, v, g, beta, scale=None, initial_state=None, output_fina
             output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
             chunk_offsets=chunk_offsets, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, core_attn_out=core_attn_out)
 
-    why = ("an output buffer that is not a contiguous bf16 one of at least the output's size"
-           if core_attn_out is not None and not (core_attn_out.dtype == torch.bfloat16 and core_attn_out.is_contiguous()
-                                                 and core_attn_out.numel() >= v.numel()) else None)
     return _prefill_call(engine, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens,
-                         use_qk_l2norm_in_kernel, scale, core_attn_out, why)
+                         use_qk_l2norm_in_kernel, scale, core_attn_out, _unusable_buffer(core_attn_out, v))
 
 
 SWAPS = ((KERNEL, packed_decode_call), (VERIFY_KERNEL, sigmoid_gating_call), (FI_PREFILL, fi_chunk_call),
