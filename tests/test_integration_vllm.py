@@ -7,6 +7,7 @@ slice of a CUDA-graph bucket's block table; for prefill the states gathered per 
 bf16) give kdispatch's results (the reference on the CPU); calls the definitions do not cover
 reach vLLM's functions unchanged."""
 import importlib.metadata
+import logging
 import sys
 import types
 
@@ -383,7 +384,7 @@ def test_the_gathered_views_slot_and_flag_buffers_are_right_after_growing():
     assert flags.dtype == torch.bool and flags.shape == (600,) and bool(flags.all())
 
 
-def test_vllm_034s_flashinfer_prefill_stays_vllms(monkeypatch, fake_vllm, kernels_here):
+def test_vllm_034s_flashinfer_prefill_stays_vllms(monkeypatch, fake_vllm, kernels_here, caplog):
     """vLLM 0.34 hands fi_chunk_gated_delta_rule exp(g) and an `output` slice of the layer's buffer: the
     swap takes the argument (no TypeError in vLLM's forward) and leaves the call to vLLM, `output`
     passed on, since kdispatch would read the gate as a log decay."""
@@ -399,7 +400,9 @@ def test_vllm_034s_flashinfer_prefill_stays_vllms(monkeypatch, fake_vllm, kernel
     monkeypatch.setitem(plugin.PREFILL_STATS, "first_pass_reason", None)
     monkeypatch.setenv(plugin.SWITCH, "1")
     monkeypatch.setenv(plugin.PREFILL_SWITCH, "1")
-    plugin.register()
+    with caplog.at_level(logging.INFO, logger=plugin.__name__):
+        plugin.register()
+    assert "takes exp(g) in this vLLM: its calls stay vLLM's" in caplog.text
     assert module.fi_chunk_gated_delta_rule is plugin.fi_chunk_call
     kw, _ = vllm_prefill_call()
     buffer = torch.empty(40, 8, 128, dtype=torch.bfloat16)

@@ -122,6 +122,8 @@ def register() -> str | None:
                 setattr(module, kernel, ours)
         why_not = ("" if not prefill or _wrap_metadata_build()
                    else f"; no {METADATA_BUILDER}: prefill routed without its longest sequence")
+        if FI_PREFILL in _originals and not _exponentiates_gates(_originals[FI_PREFILL]):
+            why_not += f"; {FI_PREFILL} takes exp(g) in this vLLM: its calls stay vLLM's"
         logger.info("kdispatch: vLLM GDN kernels replaced in %s: %s (%s=%s, %s=%s)%s", name,
                     ", ".join(k for k, _ in SWAPS if k in _originals), SWITCH, os.environ[SWITCH], PREFILL_SWITCH,
                     os.environ.get(PREFILL_SWITCH, ""), why_not)
