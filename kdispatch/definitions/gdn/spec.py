@@ -771,13 +771,15 @@ SPECS = {
                                       # they had held (held-out 17 x 24 and 10 x 33 tokens went to the fused
                                       # chunks, 2x and 1.4x slower than the rows kernel; H200, 2026-11-29)
                                       {"num_seqs": (12, 24), "total_seq_len": (24, 48, 96, 192)},
+                                      *LONG_PROMPT_GRIDS,
                                       # A hundred or more prompts of 50-200 tokens, 12-25k in all (a chunked-
                                       # prefill batch): only skewed draws had been measured at over 100
                                       # sequences and 5k tokens, where the staged walk wins by the long one,
                                       # and the router sent held-out 173 x 15,286 and 222 x 20,838 of random
-                                      # lengths to it, 12% and 16% slower than FlashInfer (H200, 2026-12-02)
-                                      {"num_seqs": (128, 192, 256), "total_seq_len": (12288, 16384, 24576)},
-                                      *LONG_PROMPT_GRIDS),
+                                      # lengths to it, 12% and 16% slower than FlashInfer (H200, 2026-12-02).
+                                      # Last, as new grids go (traces/build.py: a shape's place picks a
+                                      # one-sequence shape's mix, so its uuid)
+                                      {"num_seqs": (128, 192, 256), "total_seq_len": (12288, 16384, 24576)}),
                           grid_every_mix=True, one_mix=one_sequence),
         **_COMMON),
     **{packed_name(hq, hv): _packed_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
