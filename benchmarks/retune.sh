@@ -46,6 +46,8 @@
 # On a machine with several GPUs, benchmarks/on_gpus.sh runs several steps at once, one GPU each (give each a
 # distinct TUNE_TAG); `tune --device cuda` spreads one tune over all of them by itself.
 #
+# A step with MINUTES stops itself within MINUTES * 60 + 90 s and archives last: an outer `timeout` shorter than
+# that kills it before the archive (a call's whole measurement lost that way, H200 2026-12-02).
 # Each step archives what it wrote (stores' twins, routers, report, bench JSONs) as $OUT/<step>.tgz
 # (default OUT=/tmp/kd-out), repository paths inside; the sqlite stores stay on the machine, and a
 # carried twin older than its sqlite merges in harmlessly (per key, the later measurement wins).
