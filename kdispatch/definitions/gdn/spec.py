@@ -773,10 +773,11 @@ SPECS = {
                                       {"num_seqs": (12, 24), "total_seq_len": (24, 48, 96, 192)},
                                       *LONG_PROMPT_GRIDS,
                                       # A hundred or more prompts of 50-200 tokens, 12-25k in all (a chunked-
-                                      # prefill batch): only skewed draws had been measured at over 100
-                                      # sequences and 5k tokens, where the staged walk wins by the long one,
-                                      # and the router sent held-out 173 x 15,286 and 222 x 20,838 of random
-                                      # lengths to it, 12% and 16% slower than FlashInfer (H200, 2026-12-02).
+                                      # prefill batch): four draws had been measured at over 100 sequences and
+                                      # 5k tokens, the one under 94 tokens a sequence a skewed mix, which the
+                                      # staged walk wins by its long sequence, and the router sent held-out
+                                      # 173 x 15,286 and 222 x 20,838 of random lengths to it, 12% and 16%
+                                      # slower than FlashInfer (H200, 2026-12-02).
                                       # Last, as new grids go (traces/build.py: a shape's place picks a
                                       # one-sequence shape's mix, so its uuid)
                                       {"num_seqs": (128, 192, 256), "total_seq_len": (12288, 16384, 24576)}),
