@@ -410,12 +410,12 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
                                       # 1 x 1,024 / 4,096, r32s4 45.9 / 159.9; H200, 2026-12-01)
                                       {"num_seqs": (1,), "total_seq_len": (1536, 2048, 3072)},
                                       # 4-8 sequences of 2-8 tokens (a few new tokens a request past cached
-                                      # prefixes): nothing between 2 and 64 tokens had been measured at 4 or 8
-                                      # but 5 x 16 and 8 x 27, and the staged walk kept held-out 4 x 17 at 32
-                                      # value heads (12.1 us against the rows kernel's 9.5), 8 x 21 (19.1
-                                      # against 15.8) and 10 x 48 at 4 (8.7 against 5.8; H200, 2026-12-02).
-                                      # Last: a shape's place in the list picks a one-sequence shape's mix,
-                                      # so its uuid (traces/build.py); new grids go at the end.
+                                      # prefixes): under 64 tokens at 4-8 sequences a draw or two had been
+                                      # measured (at 32 value heads 5 x 16 and 8 x 27), and the staged walk
+                                      # kept from the rows kernel held-out 4 x 17 at 32 value heads (12.1 us
+                                      # against 9.5), vLLM's 8 x 21 at 32 (19.1 against 15.8) and 10 x 48 at
+                                      # 4 (8.7 against 5.8; H200, 2026-12-02). Last: a shape's place in the
+                                      # list picks a one-sequence shape's mix, so its uuid (traces/build.py).
                                       {"num_seqs": (4, 8), "total_seq_len": (16, 32)}),
                           # Not in the set: one prompt of 768 tokens and two of 2,048 in every mix, measured
                           # on the H200 at every head count with one prompt of 1,536 / 2,048 / 3,072 tokens
