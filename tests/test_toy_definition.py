@@ -1,6 +1,7 @@
 """Adding a definition takes its JSON, a reference, a spec and variants, and nothing else: a toy
 operator defined entirely in this test's temporary folder is materialised, gated, timed, fitted
 and compiled into a router on the CPU by the real tuner."""
+import contextlib
 import importlib
 import importlib.metadata
 import io
@@ -49,6 +50,18 @@ from kdispatch.registry import variant
 def toy_fast(x, alpha):
     return x * alpha
 '''
+
+
+@contextlib.contextmanager
+def extra_variants(*names):
+    """Variants registered for the block (the toy's product, under other names): ones that land after a tune."""
+    for name in names:
+        registry.variant(NAME, name, backend="torch", archs=("*",))(lambda x, alpha: x * alpha)
+    try:
+        yield
+    finally:
+        for name in names:
+            registry.unregister(NAME, name)
 
 
 def write_traces(tmp_path, sizes):
@@ -414,9 +427,8 @@ def test_route_warns_where_a_definition_mixes_the_two_eager_protocols(tmp_path, 
     assert "eager times in turns" not in said.getvalue()
     # a check says how the eager times it scored were taken (the README's held-out table names the ops)
     assert flows.check_routers(done, Store.open(store), io.StringIO())[NAME]["eager_protocol"] == "turns"
-    registry.variant(NAME, "toy_twin", backend="torch", archs=("*",))(lambda x, alpha: x * alpha)
-    try:
-        told = io.StringIO()  # the new variant alone, in its own loop; measured only (as a held-out store is)
+    with extra_variants("toy_twin"):
+        told = io.StringIO()  # the new variant in turns on a store of own loops; measured only (as a held-out store is)
         for r in Store.open(store).results(NAME):  # the store's rows as own-loop ones, the slow one aside
             if r.eager_us < SLOW_US:
                 slow.put(dataclasses.replace(r, metrics={k: v for k, v in r.metrics.items() if k != "eager_turns_s"}))
@@ -425,8 +437,6 @@ def test_route_warns_where_a_definition_mixes_the_two_eager_protocols(tmp_path, 
         assert "--eager-turns-only --definitions toy_scale" in told.getvalue()
         done = flows.compile_all(Store.open(store), tmp_path / "routers", "cpu", ["toy_scale"], stream=said)
         assert flows.check_routers(done, Store.open(store), io.StringIO())[NAME]["eager_protocol"] == "mixed"
-    finally:
-        registry.unregister(NAME, "toy_twin")
     assert "toy_scale on CPU: 2 rows took their eager times in turns and 4 in each variant's own loop" in said.getvalue()
 
 
@@ -442,12 +452,9 @@ def test_a_tune_takes_new_eager_times_as_the_stored_rows_took_them(tmp_path, toy
         kw = dict(definitions=["toy_scale"], device="cpu", env=ENV, store=store, quick=True, compile_routers=False)
         flows.tune(tmp_path / "traces", eager_turns=turns, stream=open(os.devnull, "w"), **kw)
         assert flows.stored_in_turns(Store.open(store), ENV["device"], NAME) is turns
-        registry.variant(NAME, "toy_twin", backend="torch", archs=("*",))(lambda x, alpha: x * alpha)
-        try:
+        with extra_variants("toy_twin"):
             told = io.StringIO()
             flows.tune(tmp_path / "traces", stream=told, **kw)
-        finally:
-            registry.unregister(NAME, "toy_twin")
         twin = [r for r in Store.open(store).results(NAME) if r.variant == "toy_twin"]
         assert len(twin) == 2 and all(("eager_turns_s" in r.metrics) is turns for r in twin), where
         assert "took their eager times in turns and" not in told.getvalue()
@@ -468,12 +475,9 @@ def test_a_tune_warns_of_a_mix_only_on_the_workloads_of_its_sets(tmp_path, toy):
     row = Store.open(store).results(NAME)[0]
     Store.open(store).put(dataclasses.replace(row, uuid=row.uuid + "-dropped", metrics={
         k: v for k, v in row.metrics.items() if k != "eager_turns_s"}))  # an own-loop row, not in the sets
-    registry.variant(NAME, "toy_twin", backend="torch", archs=("*",))(lambda x, alpha: x * alpha)
-    try:
+    with extra_variants("toy_twin"):
         told = io.StringIO()
         flows.tune(tmp_path / "traces", stream=told, **kw)
-    finally:
-        registry.unregister(NAME, "toy_twin")
     assert "took their eager times in turns" not in told.getvalue()
 
 
@@ -657,8 +661,7 @@ def test_a_tune_of_a_new_variant_pairs_its_eager_rows_and_route_warns_of_unpaire
     kw = dict(definitions=["toy_scale"], device="cpu", env=ENV, store=store, out=tmp_path / "routers", quick=True,
               eager_turns=True, stream=open(os.devnull, "w"))
     flows.tune(tmp_path / "traces", **kw)
-    registry.variant(NAME, "toy_twin", backend="torch", archs=("*",))(lambda x, alpha: x * alpha)
-    try:
+    with extra_variants("toy_twin"):
         flows.tune(tmp_path / "traces", **kw)
         twin = [r for r in Store.open(store).results(NAME) if r.variant == "toy_twin"]
         assert twin and all(r.metrics["eager_paired"]["baseline"] != "toy_twin" for r in twin), twin
@@ -686,8 +689,6 @@ def test_a_tune_of_a_new_variant_pairs_its_eager_rows_and_route_warns_of_unpaire
                                 stream=io.StringIO(), eager_only=True, force=True, **only)[NAME]
                   for only in ({}, {"variants": ["toy_twin"]})]
         assert set(forced[1]) == {"toy_twin", registry.baseline(NAME, "cpu").name} < set(forced[0]), forced
-    finally:
-        registry.unregister(NAME, "toy_twin")
 
 
 def test_eager_turns_only_retakes_a_minority_of_own_loop_rows_alone_with_the_baseline(tmp_path, toy):
@@ -701,9 +702,7 @@ def test_eager_turns_only_retakes_a_minority_of_own_loop_rows_alone_with_the_bas
     store = tmp_path / "store" / "cpu.sqlite"
     kw = dict(definitions=["toy_scale"], device="cpu", env=ENV, store=store, quick=True, compile_routers=False,
               stream=open(os.devnull, "w"))
-    for name in ("toy_twin", "toy_new"):
-        registry.variant(NAME, name, backend="torch", archs=("*",))(lambda x, alpha: x * alpha)
-    try:
+    with extra_variants("toy_twin", "toy_new"):
         flows.tune(tmp_path / "traces", eager_turns=True, **kw)
 
         def as_own_loops(names):
@@ -727,6 +726,3 @@ def test_eager_turns_only_retakes_a_minority_of_own_loop_rows_alone_with_the_bas
         assert not pending()
         as_own_loops({"toy_twin", "toy_new"})  # half of them: the workloads whole
         assert pending() == {"reference": 2, "toy_fast": 2, "toy_twin": 2, "toy_new": 2}
-    finally:
-        for name in ("toy_twin", "toy_new"):
-            registry.unregister(NAME, name)
