@@ -6,27 +6,27 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-02T06:45:49Z
-# workloads   144 (workload-set digest c5eee5da74d7fdb8)
+# measured    up to 2026-12-02T13:05:45Z
+# workloads   156 (workload-set digest 36aefc59b959ec9a)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  144/144  1.00x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  156/156  1.00x
 #   cuda_prefill_cp.p16             5365a24a414126be  22/22  1.03x
 #   cuda_prefill_cp.p4              b5f7f39fe567fb38  22/22  1.17x
 #   cuda_prefill_cp.p8              75eecedfbb97bedf  22/22  1.21x
-#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  96/137  0.99x  [41 screened out]
-#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  82/137  1.00x  [55 screened out]
-#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  89/137  0.99x  [48 screened out]
-#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  95/137  1.02x  [42 screened out]
-#   cuda_prefill_staged.r32s4       0ec7dd6cd6a9712e  139/144  1.90x  [5 screened out]
-#   cuda_prefill_staged.r64s4       fec9b569b24a1594  139/144  1.85x  [5 screened out]
-#   flashinfer_direct               755eb6578bd0a1f3  141/144  1.67x  [3 screened out]
-#   triton_prefill_chunked.v64      91b329a0e287a87d  116/144  1.02x  [28 screened out]
-#   triton_prefill_fused.c16v32     6adb950fad8337e7  126/144  1.21x  [18 screened out]
-#   triton_prefill_fused.c16v64     c51d19b31b74e07c  126/144  1.22x  [18 screened out]
-#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  141/144  1.29x  [3 screened out]
-#   triton_prefill_staged.c16v64    71c60215ec2efc08  141/144  1.23x  [3 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  143/144  1.61x  [1 screened out]
+#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  108/149  1.22x  [41 screened out]
+#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  94/149  1.22x  [55 screened out]
+#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  101/149  1.23x  [48 screened out]
+#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  107/149  1.25x  [42 screened out]
+#   cuda_prefill_staged.r32s4       0ec7dd6cd6a9712e  151/156  2.06x  [5 screened out]
+#   cuda_prefill_staged.r64s4       fec9b569b24a1594  151/156  2.00x  [5 screened out]
+#   flashinfer_direct               755eb6578bd0a1f3  153/156  1.78x  [3 screened out]
+#   triton_prefill_chunked.v64      91b329a0e287a87d  125/156  1.07x  [31 screened out]
+#   triton_prefill_fused.c16v32     6adb950fad8337e7  138/156  1.39x  [18 screened out]
+#   triton_prefill_fused.c16v64     c51d19b31b74e07c  138/156  1.39x  [18 screened out]
+#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  153/156  1.40x  [3 screened out]
+#   triton_prefill_staged.c16v64    71c60215ec2efc08  153/156  1.34x  [3 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  155/156  1.72x  [1 screened out]
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_cp.p16             segments=16
 #   cuda_prefill_cp.p4              segments=4
@@ -48,64 +48,62 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 16.88% mean, 261.34% max;
-#             1.310x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 9.65% mean, 104.20% max;
-#             3.918x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 16.72% mean, 261.34% max;
+#             1.361x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 21.00% mean, 673.72% max;
+#             3.334x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 38 and num_seqs <= 31 and mean_seq_len <= 7: cuda_prefill_pool_rows.k8c8, 4 workloads, 5.47x (1.61x .. 8.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 38 and num_seqs <= 31 and 7 < mean_seq_len <= 245: triton_prefill_fused.c16v32, 2 workloads, 5.57x (4.43x .. 7.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
-#   3. total_seq_len <= 1448 and 31 < num_seqs <= 36 and mean_seq_len <= 245: flashinfer_direct, 6 workloads, 1.08x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-#   4. total_seq_len <= 1448 and num_seqs > 36 and mean_seq_len <= 245: cuda_prefill_staged.r32s4, 20 workloads, 1.28x (1.12x .. 1.42x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 1874 and 245 < mean_seq_len <= 1254: cuda_prefill_staged.r32s4, 11 workloads, 1.88x (1.14x .. 2.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   6. total_seq_len <= 11585 and mean_seq_len > 1254: cuda_prefill_cp.p8, 9 workloads, 1.28x (1.08x .. 1.47x) over vllm_flashinfer_prefill
-#   7. total_seq_len > 38 and num_seqs <= 31 and mean_seq_len <= 245: cuda_prefill_staged.r32s4, 53 workloads, 3.61x (1.18x .. 6.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   8. total_seq_len > 1448 and num_seqs > 31 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 10 workloads, 1.20x (1.06x .. 1.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   9. total_seq_len > 1448 and num_seqs > 31 and 45 < mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   10. total_seq_len > 1874 and 245 < mean_seq_len <= 1254: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   11. total_seq_len > 11585 and mean_seq_len > 1254: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   1. total_seq_len <= 38 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 13 workloads, 6.53x (1.49x .. 9.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 38 and 7 < mean_seq_len <= 30: triton_prefill_fused.c16v32, 4 workloads, 6.10x (4.87x .. 7.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64
+#   3. total_seq_len <= 1874 and 245 < mean_seq_len <= 1254: cuda_prefill_staged.r32s4, 11 workloads, 1.88x (1.14x .. 2.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   4. total_seq_len <= 11585 and mean_seq_len > 1254: cuda_prefill_cp.p8, 9 workloads, 1.28x (1.08x .. 1.47x) over vllm_flashinfer_prefill
+#   5. num_seqs <= 22 and 30 < mean_seq_len <= 245: cuda_prefill_staged.r32s4, 37 workloads, 3.24x (1.20x .. 5.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   6. 22 < num_seqs <= 35 and 30 < mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   7. num_seqs > 35 and 64 < mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   8. num_seqs > 45 and 30 < mean_seq_len <= 64: cuda_prefill_staged.r64s4, 6 workloads, 1.14x (1.06x .. 1.21x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   9. total_seq_len > 38 and num_seqs <= 96 and mean_seq_len <= 22: cuda_prefill_staged.r32s4, 33 workloads, 2.43x (1.09x .. 6.14x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len > 38 and num_seqs > 96 and mean_seq_len <= 30: cuda_prefill_staged.r64s4, 11 workloads, 1.38x (1.15x .. 1.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   11. total_seq_len > 1874 and 245 < mean_seq_len <= 1254: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   12. total_seq_len > 11585 and mean_seq_len > 1254: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 8 and mean_seq_len <= 328: cuda_prefill_pool_rows.k4c8, 2 workloads, 13.22x (11.05x .. 15.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 3001 and 328 < mean_seq_len <= 716: cuda_prefill_staged.r32s4, 8 workloads, 6.30x (3.25x .. 10.00x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 3001 and mean_seq_len > 716: cuda_prefill_cp.p4, 4 workloads, 5.00x (2.86x .. 6.87x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   4. 8 < total_seq_len <= 30 and mean_seq_len <= 328: cuda_prefill_pool_rows.k8c8, 3 workloads, 10.37x (6.12x .. 13.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. 30 < total_seq_len <= 54 and mean_seq_len <= 328: cuda_prefill_staged.r32s4, 2 workloads, 9.80x (8.82x .. 10.89x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   6. 54 < total_seq_len <= 227 and mean_seq_len <= 37: cuda_prefill_pool_rows.k8c8, 20 workloads, 6.29x (2.25x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. 54 < total_seq_len <= 436 and 37 < mean_seq_len <= 328: cuda_prefill_staged.r32s4, 11 workloads, 6.46x (4.08x .. 10.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len > 227 and mean_seq_len <= 37: cuda_prefill_staged.r64s4, 41 workloads, 3.20x (1.71x .. 7.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   9. total_seq_len > 436 and 37 < mean_seq_len <= 328: cuda_prefill_staged.r64s4, 37 workloads, 4.39x (1.16x .. 12.16x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   10. 3001 < total_seq_len <= 10779 and num_seqs <= 5 and mean_seq_len > 328: cuda_prefill_cp.p8, 6 workloads, 3.17x (2.03x .. 4.73x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4
-#   11. total_seq_len > 3001 and num_seqs > 5 and mean_seq_len > 328: cuda_prefill_staged.r32s4, 7 workloads, 3.38x (2.19x .. 6.34x) over vllm_flashinfer_prefill
-#   12. total_seq_len > 10779 and num_seqs <= 5 and mean_seq_len > 328: cuda_prefill_cp.p16, 3 workloads, 1.72x (1.43x .. 2.10x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 374 and mean_seq_len <= 29: cuda_prefill_pool_rows.k8c8, 41 workloads, 6.97x (2.15x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 374 and 29 < mean_seq_len <= 176: cuda_prefill_pool_rows.k16c8, 16 workloads, 5.43x (2.52x .. 12.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 3547 and 176 < mean_seq_len <= 866: cuda_prefill_staged.r32s4, 18 workloads, 5.67x (3.23x .. 8.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 3547 and mean_seq_len > 866: cuda_prefill_cp.p8, 5 workloads, 5.14x (3.76x .. 6.71x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   5. 374 < total_seq_len <= 3547 and mean_seq_len <= 176: cuda_prefill_staged.r64s4, 47 workloads, 3.62x (1.64x .. 9.46x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   6. 3547 < total_seq_len <= 20107 and num_seqs <= 5: cuda_prefill_cp.p8, 6 workloads, 2.63x (1.50x .. 3.93x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16
+#   7. total_seq_len > 3547 and 5 < num_seqs <= 35 and mean_seq_len <= 596: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len > 3547 and 5 < num_seqs <= 35 and mean_seq_len > 596: cuda_prefill_staged.r32s4, 4 workloads, 3.17x (2.33x .. 5.06x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   9. total_seq_len > 3547 and num_seqs > 35: cuda_prefill_staged.r64s4, 11 workloads, 2.14x (1.32x .. 3.79x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   10. total_seq_len > 20107 and num_seqs <= 5: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (None, 31), 'total_seq_len': (None, 38)}, 'workloads': 4, 'speedup': (1.61, 5.47, 8.67), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (7, 245), 'num_seqs': (None, 31), 'total_seq_len': (None, 38)}, 'workloads': 2, 'speedup': (4.43, 5.57, 7.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 3, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (31, 36), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.04, 1.08, 1.11), 'fallbacks': ()},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (36, None), 'total_seq_len': (None, 1448)}, 'workloads': 20, 'speedup': (1.12, 1.28, 1.42), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (245, 1254), 'total_seq_len': (None, 1874)}, 'workloads': 11, 'speedup': (1.14, 1.88, 2.98), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 6, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1254, None), 'total_seq_len': (None, 11585)}, 'workloads': 9, 'speedup': (1.08, 1.28, 1.47), 'fallbacks': ()},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (None, 31), 'total_seq_len': (38, None)}, 'workloads': 53, 'speedup': (1.18, 3.61, 6.14), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (31, None), 'total_seq_len': (1448, None)}, 'workloads': 10, 'speedup': (1.06, 1.2, 1.43), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 245), 'num_seqs': (31, None), 'total_seq_len': (1448, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, 1254), 'total_seq_len': (1874, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1254, None), 'total_seq_len': (11585, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 7), 'total_seq_len': (None, 38)}, 'workloads': 13, 'speedup': (1.49, 6.53, 9.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (7, 30), 'total_seq_len': (None, 38)}, 'workloads': 4, 'speedup': (4.87, 6.1, 7.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (245, 1254), 'total_seq_len': (None, 1874)}, 'workloads': 11, 'speedup': (1.14, 1.88, 2.98), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 4, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1254, None), 'total_seq_len': (None, 11585)}, 'workloads': 9, 'speedup': (1.08, 1.28, 1.47), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (30, 245), 'num_seqs': (None, 22)}, 'workloads': 37, 'speedup': (1.2, 3.24, 5.66), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (30, 245), 'num_seqs': (22, 35)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (64, 245), 'num_seqs': (35, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (30, 64), 'num_seqs': (45, None)}, 'workloads': 6, 'speedup': (1.06, 1.14, 1.21), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (None, 96), 'total_seq_len': (38, None)}, 'workloads': 33, 'speedup': (1.09, 2.43, 6.14), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (96, None), 'total_seq_len': (38, None)}, 'workloads': 11, 'speedup': (1.15, 1.38, 1.5), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, 1254), 'total_seq_len': (1874, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1254, None), 'total_seq_len': (11585, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 328), 'total_seq_len': (None, 8)}, 'workloads': 2, 'speedup': (11.05, 13.22, 15.83), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (328, 716), 'total_seq_len': (None, 3001)}, 'workloads': 8, 'speedup': (3.25, 6.3, 10.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (716, None), 'total_seq_len': (None, 3001)}, 'workloads': 4, 'speedup': (2.86, 5.0, 6.87), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 328), 'total_seq_len': (8, 30)}, 'workloads': 3, 'speedup': (6.12, 10.37, 13.92), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 328), 'total_seq_len': (30, 54)}, 'workloads': 2, 'speedup': (8.82, 9.8, 10.89), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 37), 'total_seq_len': (54, 227)}, 'workloads': 20, 'speedup': (2.25, 6.29, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (37, 328), 'total_seq_len': (54, 436)}, 'workloads': 11, 'speedup': (4.08, 6.46, 10.71), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 37), 'total_seq_len': (227, None)}, 'workloads': 41, 'speedup': (1.71, 3.2, 7.48), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (37, 328), 'total_seq_len': (436, None)}, 'workloads': 37, 'speedup': (1.16, 4.39, 12.16), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 10, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (328, None), 'num_seqs': (None, 5), 'total_seq_len': (3001, 10779)}, 'workloads': 6, 'speedup': (2.03, 3.17, 4.73), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (328, None), 'num_seqs': (5, None), 'total_seq_len': (3001, None)}, 'workloads': 7, 'speedup': (2.19, 3.38, 6.34), 'fallbacks': ()},
-    {'region': 12, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (328, None), 'num_seqs': (None, 5), 'total_seq_len': (10779, None)}, 'workloads': 3, 'speedup': (1.43, 1.72, 2.1), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 29), 'total_seq_len': (None, 374)}, 'workloads': 41, 'speedup': (2.15, 6.97, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (29, 176), 'total_seq_len': (None, 374)}, 'workloads': 16, 'speedup': (2.52, 5.43, 12.46), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (176, 866), 'total_seq_len': (None, 3547)}, 'workloads': 18, 'speedup': (3.23, 5.67, 8.41), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (866, None), 'total_seq_len': (None, 3547)}, 'workloads': 5, 'speedup': (3.76, 5.14, 6.71), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 176), 'total_seq_len': (374, 3547)}, 'workloads': 47, 'speedup': (1.64, 3.62, 9.46), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (3547, 20107)}, 'workloads': 6, 'speedup': (1.5, 2.63, 3.93), 'fallbacks': ('cuda_prefill_cp.p16',)},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 596), 'num_seqs': (5, 35), 'total_seq_len': (3547, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (596, None), 'num_seqs': (5, 35), 'total_seq_len': (3547, None)}, 'workloads': 4, 'speedup': (2.33, 3.17, 5.06), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (35, None), 'total_seq_len': (3547, None)}, 'workloads': 11, 'speedup': (1.32, 2.14, 3.79), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (20107, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -114,37 +112,40 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 5.47x (1.61x .. 8.67x) over vllm_flashinfer_prefill
-    if total_seq_len <= 38 and num_seqs <= 31 and mean_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 2 workloads, 5.57x (4.43x .. 7.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 38 and num_seqs <= 31 and 7 < mean_seq_len <= 245:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 6 workloads, 1.08x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 31 < num_seqs <= 36 and mean_seq_len <= 245:
-        return 'flashinfer_direct'
-    # region 4: 20 workloads, 1.28x (1.12x .. 1.42x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 36 and mean_seq_len <= 245:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 5: 11 workloads, 1.88x (1.14x .. 2.98x) over vllm_flashinfer_prefill
+    # region 1: 13 workloads, 6.53x (1.49x .. 9.27x) over vllm_flashinfer_prefill
+    if total_seq_len <= 38 and mean_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 4 workloads, 6.10x (4.87x .. 7.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 38 and 7 < mean_seq_len <= 30:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 11 workloads, 1.88x (1.14x .. 2.98x) over vllm_flashinfer_prefill
     if total_seq_len <= 1874 and 245 < mean_seq_len <= 1254:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 9 workloads, 1.28x (1.08x .. 1.47x) over vllm_flashinfer_prefill
+    # region 4: 9 workloads, 1.28x (1.08x .. 1.47x) over vllm_flashinfer_prefill
     if total_seq_len <= 11585 and mean_seq_len > 1254:
         return 'cuda_prefill_cp.p8'
-    # region 7: 53 workloads, 3.61x (1.18x .. 6.14x) over vllm_flashinfer_prefill
-    if total_seq_len > 38 and num_seqs <= 31 and mean_seq_len <= 245:
+    # region 5: 37 workloads, 3.24x (1.20x .. 5.66x) over vllm_flashinfer_prefill
+    if num_seqs <= 22 and 30 < mean_seq_len <= 245:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 10 workloads, 1.20x (1.06x .. 1.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs > 31 and mean_seq_len <= 45:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 31 and 45 < mean_seq_len <= 245:
+    # region 6: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 22 < num_seqs <= 35 and 30 < mean_seq_len <= 245:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 35 and 64 < mean_seq_len <= 245:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 16 workloads, the baseline; its stand-ins where it cannot run here
+    # region 8: 6 workloads, 1.14x (1.06x .. 1.21x) over vllm_flashinfer_prefill
+    if num_seqs > 45 and 30 < mean_seq_len <= 64:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 33 workloads, 2.43x (1.09x .. 6.14x) over vllm_flashinfer_prefill
+    if total_seq_len > 38 and num_seqs <= 96 and mean_seq_len <= 22:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 10: 11 workloads, 1.38x (1.15x .. 1.50x) over vllm_flashinfer_prefill
+    if total_seq_len > 38 and num_seqs > 96 and mean_seq_len <= 30:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 11: 16 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1874 and 245 < mean_seq_len <= 1254:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 12: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 11585 and mean_seq_len > 1254:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -153,243 +154,223 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 13.22x (11.05x .. 15.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 8 and mean_seq_len <= 328:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 8 workloads, 6.30x (3.25x .. 10.00x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3001 and 328 < mean_seq_len <= 716:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 3: 4 workloads, 5.00x (2.86x .. 6.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3001 and mean_seq_len > 716:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p4'
-    # region 4: 3 workloads, 10.37x (6.12x .. 13.92x) over vllm_flashinfer_prefill
-    if 8 < total_seq_len <= 30 and mean_seq_len <= 328:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 2 workloads, 9.80x (8.82x .. 10.89x) over vllm_flashinfer_prefill
-    if 30 < total_seq_len <= 54 and mean_seq_len <= 328:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 20 workloads, 6.29x (2.25x .. 15.34x) over vllm_flashinfer_prefill
-    if 54 < total_seq_len <= 227 and mean_seq_len <= 37:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 11 workloads, 6.46x (4.08x .. 10.71x) over vllm_flashinfer_prefill
-    if 54 < total_seq_len <= 436 and 37 < mean_seq_len <= 328:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 41 workloads, 3.20x (1.71x .. 7.48x) over vllm_flashinfer_prefill
-    if total_seq_len > 227 and mean_seq_len <= 37:
+    # region 1: 41 workloads, 6.97x (2.15x .. 15.34x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and mean_seq_len <= 29:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 16 workloads, 5.43x (2.52x .. 12.46x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and 29 < mean_seq_len <= 176:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 18 workloads, 5.67x (3.23x .. 8.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3547 and 176 < mean_seq_len <= 866:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 4: 5 workloads, 5.14x (3.76x .. 6.71x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3547 and mean_seq_len > 866:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p8'
+    # region 5: 47 workloads, 3.62x (1.64x .. 9.46x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 3547 and mean_seq_len <= 176:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 37 workloads, 4.39x (1.16x .. 12.16x) over vllm_flashinfer_prefill
-    if total_seq_len > 436 and 37 < mean_seq_len <= 328:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 6 workloads, 3.17x (2.03x .. 4.73x) over vllm_flashinfer_prefill
-    if 3001 < total_seq_len <= 10779 and num_seqs <= 5 and mean_seq_len > 328:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 11: 7 workloads, 3.38x (2.19x .. 6.34x) over vllm_flashinfer_prefill
-    if total_seq_len > 3001 and num_seqs > 5 and mean_seq_len > 328:
-        return 'cuda_prefill_staged.r32s4'
-    # region 12: 3 workloads, 1.72x (1.43x .. 2.10x) over vllm_flashinfer_prefill
-    if total_seq_len > 10779 and num_seqs <= 5 and mean_seq_len > 328:
-        return 'cuda_prefill_cp.p16'
+    # region 6: 6 workloads, 2.63x (1.50x .. 3.93x) over vllm_flashinfer_prefill
+    if 3547 < total_seq_len <= 20107 and num_seqs <= 5:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
+    # region 7: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3547 and 5 < num_seqs <= 35 and mean_seq_len <= 596:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 4 workloads, 3.17x (2.33x .. 5.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 3547 and 5 < num_seqs <= 35 and mean_seq_len > 596:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 11 workloads, 2.14x (1.32x .. 3.79x) over vllm_flashinfer_prefill
+    if total_seq_len > 3547 and num_seqs > 35:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 20107 and num_seqs <= 5:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2734 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2865 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.56% mean, 77.96% max;
-#             1.440x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 9.98% mean, 149.56% max;
-#             3.809x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.94% mean, 77.96% max;
+#             1.503x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.96% mean, 132.83% max;
+#             3.887x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 90 and 11 < num_seqs <= 40 and 4 < max_seq_len <= 9: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   2. total_seq_len <= 181 and num_seqs > 40 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.74x (1.69x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   3. total_seq_len <= 181 and num_seqs > 40 and 8 < max_seq_len <= 128: cuda_prefill_staged.r32s4, 2 workloads, 1.37x (1.32x .. 1.42x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 803 and num_seqs <= 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.86x (8.84x .. 8.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   5. total_seq_len <= 803 and num_seqs <= 11 and mean_seq_len <= 6 and 4 < max_seq_len <= 9: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.72x (7.72x .. 7.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   6. total_seq_len <= 803 and num_seqs <= 11 and mean_seq_len > 6 and 4 < max_seq_len <= 9: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   7. total_seq_len <= 803 and num_seqs <= 22 and mean_seq_len <= 2 and 9 < max_seq_len <= 22: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   8. total_seq_len <= 803 and num_seqs <= 22 and mean_seq_len > 2 and 9 < max_seq_len <= 22: triton_prefill_fused.c16v32, 6 workloads, 6.78x (5.97x .. 7.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64
-#   9. total_seq_len <= 803 and num_seqs <= 40 and max_seq_len > 22: cuda_prefill_staged.r32s4, 41 workloads, 3.21x (1.17x .. 5.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 803 and 5 < num_seqs <= 11 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   11. total_seq_len <= 803 and 11 < num_seqs <= 21 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   12. total_seq_len <= 803 and 21 < num_seqs <= 40 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len <= 803 and 22 < num_seqs <= 40 and 9 < max_seq_len <= 22: cuda_prefill_staged.r32s4, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   14. total_seq_len <= 1448 and 40 < num_seqs <= 136 and mean_seq_len <= 45 and 128 < max_seq_len <= 326: cuda_prefill_staged.r32s4, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   15. total_seq_len <= 1448 and num_seqs > 136 and 302 < max_seq_len <= 6968: cuda_prefill_staged.r32s4, 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   16. total_seq_len <= 2896 and 40 < num_seqs <= 136 and mean_seq_len <= 362 and max_seq_len > 326: cuda_prefill_staged.r32s4, 3 workloads, 1.14x (1.12x .. 1.16x) over vllm_flashinfer_prefill
-#   17. total_seq_len <= 2896 and num_seqs > 136 and 128 < max_seq_len <= 302: cuda_prefill_staged.r64s4, 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill
-#   18. total_seq_len <= 23170 and num_seqs > 136 and max_seq_len > 6968: cuda_prefill_staged.r64s4, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-#   19. 40 < num_seqs <= 90 and mean_seq_len > 45 and 128 < max_seq_len <= 326: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   20. 40 < num_seqs <= 136 and mean_seq_len > 362 and 326 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   21. 40 < num_seqs <= 136 and mean_seq_len > 362 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 0 workloads
-#   22. 90 < num_seqs <= 136 and mean_seq_len > 45 and 128 < max_seq_len <= 326: vllm_flashinfer_prefill (baseline), 0 workloads
-#   23. 90 < total_seq_len <= 803 and 11 < num_seqs <= 40 and 4 < max_seq_len <= 9: triton_prefill_fused.c16v64, 1 workloads, 7.18x (7.18x .. 7.18x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   24. 181 < total_seq_len <= 5792 and num_seqs > 40 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.55x (1.46x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   25. 181 < total_seq_len <= 5792 and num_seqs > 40 and 6 < max_seq_len <= 128: cuda_prefill_staged.r64s4, 11 workloads, 1.31x (1.14x .. 1.50x) over vllm_flashinfer_prefill
-#   26. 803 < total_seq_len <= 4833 and num_seqs <= 7 and mean_seq_len <= 419 and max_seq_len <= 629: cuda_prefill_staged.r32s4, 4 workloads, 2.87x (2.25x .. 3.38x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64
-#   27. 803 < total_seq_len <= 4833 and num_seqs <= 7 and 629 < max_seq_len <= 1888: cuda_prefill_cp.p4, 7 workloads, 1.45x (1.32x .. 1.53x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   28. 803 < total_seq_len <= 4833 and num_seqs <= 7 and max_seq_len > 1888: cuda_prefill_cp.p8, 4 workloads, 1.41x (1.34x .. 1.45x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   29. 803 < total_seq_len <= 4833 and num_seqs <= 7 and mean_seq_len > 419 and max_seq_len <= 629: cuda_prefill_staged.r64s4, 2 workloads, 1.98x (1.77x .. 2.22x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v32
-#   30. 803 < total_seq_len <= 4833 and 7 < num_seqs <= 11 and max_seq_len > 1091: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32
-#   31. 803 < total_seq_len <= 4833 and 7 < num_seqs <= 22 and max_seq_len <= 340: cuda_prefill_staged.r32s4, 6 workloads, 4.33x (3.55x .. 5.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   32. 803 < total_seq_len <= 4833 and 7 < num_seqs <= 40 and 340 < max_seq_len <= 1091: cuda_prefill_staged.r32s4, 6 workloads, 1.88x (1.18x .. 3.20x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   33. 803 < total_seq_len <= 4833 and 11 < num_seqs <= 40 and max_seq_len > 1091: triton_prefill_chunked.v64, 2 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
-#   34. 803 < total_seq_len <= 4833 and 22 < num_seqs <= 40 and max_seq_len <= 340: flashinfer_direct, 4 workloads, 1.09x (1.05x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   35. total_seq_len > 1448 and 40 < num_seqs <= 136 and mean_seq_len <= 45 and 128 < max_seq_len <= 326: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   36. total_seq_len > 1448 and num_seqs > 136 and 302 < max_seq_len <= 6968: cuda_prefill_staged.r64s4, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
-#   37. total_seq_len > 2896 and 40 < num_seqs <= 99 and mean_seq_len <= 362 and 326 < max_seq_len <= 2896: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   38. total_seq_len > 2896 and 40 < num_seqs <= 99 and mean_seq_len <= 362 and max_seq_len > 2896: cuda_prefill_staged.r64s4, 2 workloads, 1.09x (1.08x .. 1.09x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   39. total_seq_len > 2896 and 99 < num_seqs <= 136 and mean_seq_len <= 362 and max_seq_len > 326: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   40. total_seq_len > 2896 and num_seqs > 136 and 128 < max_seq_len <= 302: cuda_prefill_staged.r64s4, 2 workloads, 1.18x (1.16x .. 1.20x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
-#   41. 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 22 and 1659 < max_seq_len <= 3029: cuda_prefill_staged.r32s4, 2 workloads, 1.37x (1.17x .. 1.61x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   42. 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 22 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   43. 4833 < total_seq_len <= 9553 and 22 < num_seqs <= 40 and 1659 < max_seq_len <= 5418: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   44. 4833 < total_seq_len <= 9553 and 22 < num_seqs <= 40 and max_seq_len > 5418: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   45. 4833 < total_seq_len <= 11585 and num_seqs <= 5 and max_seq_len > 3547: cuda_prefill_cp.p8, 3 workloads, 1.13x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   46. total_seq_len > 4833 and num_seqs <= 5 and 762 < max_seq_len <= 3547: cuda_prefill_cp.p4, 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill
-#   47. total_seq_len > 4833 and num_seqs <= 40 and mean_seq_len <= 362 and 636 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64
-#   48. total_seq_len > 4833 and num_seqs <= 40 and max_seq_len <= 636: flashinfer_direct, 3 workloads, 1.58x (1.03x .. 3.61x) over vllm_flashinfer_prefill
-#   49. total_seq_len > 4833 and num_seqs <= 40 and mean_seq_len > 362 and 636 < max_seq_len <= 762: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   50. total_seq_len > 4833 and 5 < num_seqs <= 40 and 762 < max_seq_len <= 1659: flashinfer_direct, 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill
-#   51. 5792 < total_seq_len <= 11585 and num_seqs > 40 and max_seq_len <= 78: cuda_prefill_staged.r64s4, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill
-#   52. total_seq_len > 5792 and 40 < num_seqs <= 181 and 78 < max_seq_len <= 128: flashinfer_direct, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   53. total_seq_len > 5792 and num_seqs > 181 and 78 < max_seq_len <= 128: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
-#   54. total_seq_len > 9553 and 5 < num_seqs <= 40 and 1659 < max_seq_len <= 3029: cuda_prefill_staged.r64s4, 1 workloads, 1.77x (1.77x .. 1.77x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   55. total_seq_len > 9553 and 5 < num_seqs <= 40 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 0 workloads
-#   56. total_seq_len > 11585 and num_seqs <= 5 and max_seq_len > 3547: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   57. total_seq_len > 11585 and num_seqs > 40 and max_seq_len <= 78: vllm_flashinfer_prefill (baseline), 0 workloads
-#   58. total_seq_len > 23170 and num_seqs > 136 and 6968 < max_seq_len <= 11024: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
-#   59. total_seq_len > 23170 and num_seqs > 136 and max_seq_len > 11024: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   1. total_seq_len <= 22 and num_seqs <= 21 and mean_seq_len <= 245 and 3 < max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.27x (8.27x .. 8.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   2. total_seq_len <= 24 and num_seqs <= 21 and mean_seq_len <= 245 and 4 < max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.00x (7.49x .. 8.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   3. total_seq_len <= 181 and 21 < num_seqs <= 79 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.77x (1.69x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 181 and 21 < num_seqs <= 79 and 8 < max_seq_len <= 60: cuda_prefill_staged.r32s4, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 724 and num_seqs <= 21 and mean_seq_len > 419: cuda_prefill_staged.r32s4, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64
+#   6. total_seq_len <= 1448 and num_seqs > 192 and 128 < max_seq_len <= 6968: cuda_prefill_staged.r64s4, 2 workloads, 1.30x (1.18x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   7. total_seq_len <= 1874 and num_seqs <= 21 and 245 < mean_seq_len <= 419 and max_seq_len <= 629: cuda_prefill_staged.r32s4, 5 workloads, 2.58x (2.25x .. 2.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64
+#   8. total_seq_len <= 1874 and num_seqs <= 21 and 245 < mean_seq_len <= 419 and max_seq_len > 629: cuda_prefill_cp.p4, 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   9. total_seq_len <= 2896 and 79 < num_seqs <= 192 and max_seq_len > 326: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it)
+#   10. total_seq_len <= 5792 and 21 < num_seqs <= 79 and 636 < max_seq_len <= 1888: cuda_prefill_staged.r32s4, 4 workloads, 1.16x (1.13x .. 1.18x) over vllm_flashinfer_prefill
+#   11. total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len <= 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.59x (1.54x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4
+#   12. total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len <= 2 and 8 < max_seq_len <= 128: cuda_prefill_staged.r64s4, 1 workloads, 1.50x (1.50x .. 1.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   13. total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len > 2 and max_seq_len <= 128: cuda_prefill_staged.r64s4, 4 workloads, 1.44x (1.41x .. 1.47x) over vllm_flashinfer_prefill
+#   14. total_seq_len <= 5947 and 79 < num_seqs <= 192 and 128 < max_seq_len <= 326: cuda_prefill_staged.r64s4, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+#   15. total_seq_len <= 23170 and num_seqs > 192 and max_seq_len > 6968: cuda_prefill_staged.r64s4, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+#   16. num_seqs <= 5 and mean_seq_len <= 245 and max_seq_len <= 3: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.86x (8.84x .. 8.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   17. num_seqs <= 21 and mean_seq_len <= 2 and 7 < max_seq_len <= 16: cuda_prefill_pool_rows.k16c8, 1 workloads, 6.80x (6.80x .. 6.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   18. num_seqs <= 21 and mean_seq_len <= 245 and max_seq_len > 16: cuda_prefill_staged.r32s4, 49 workloads, 3.55x (1.20x .. 6.00x) over vllm_flashinfer_prefill
+#   19. num_seqs <= 21 and 2 < mean_seq_len <= 245 and 7 < max_seq_len <= 16: triton_prefill_fused.c16v32, 10 workloads, 6.82x (6.32x .. 7.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   20. 5 < num_seqs <= 21 and mean_seq_len <= 245 and max_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 1 workloads, 9.68x (9.68x .. 9.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   21. 21 < num_seqs <= 79 and mean_seq_len <= 22 and 60 < max_seq_len <= 126: cuda_prefill_staged.r32s4, 4 workloads, 1.28x (1.17x .. 1.42x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   22. 21 < num_seqs <= 79 and mean_seq_len <= 45 and 126 < max_seq_len <= 636: cuda_prefill_staged.r32s4, 3 workloads, 1.21x (1.12x .. 1.32x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   23. 21 < num_seqs <= 79 and max_seq_len > 1888: cuda_prefill_staged.r64s4, 2 workloads, 1.08x (1.08x .. 1.09x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   24. 21 < num_seqs <= 79 and mean_seq_len > 22 and 60 < max_seq_len <= 126: flashinfer_direct, 3 workloads, 1.10x (1.09x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   25. 21 < num_seqs <= 79 and mean_seq_len > 45 and 126 < max_seq_len <= 636: flashinfer_direct, 4 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
+#   26. total_seq_len > 22 and num_seqs <= 21 and mean_seq_len <= 245 and 3 < max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 2 workloads, 8.86x (8.78x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   27. total_seq_len > 24 and num_seqs <= 21 and mean_seq_len <= 245 and 4 < max_seq_len <= 7: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   28. total_seq_len > 181 and 21 < num_seqs <= 79 and max_seq_len <= 60: cuda_prefill_staged.r64s4, 8 workloads, 1.20x (1.04x .. 1.28x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   29. 724 < total_seq_len <= 1874 and num_seqs <= 21 and mean_seq_len > 419: cuda_prefill_cp.p4, 5 workloads, 1.52x (1.42x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16
+#   30. total_seq_len > 1448 and num_seqs > 192 and 128 < max_seq_len <= 6968: cuda_prefill_staged.r64s4, 2 workloads, 1.14x (1.12x .. 1.16x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
+#   31. 1874 < total_seq_len <= 2896 and 5 < num_seqs <= 21 and mean_seq_len > 245 and max_seq_len > 1336: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32
+#   32. 1874 < total_seq_len <= 11585 and num_seqs <= 1 and mean_seq_len > 2896 and max_seq_len > 3545: cuda_prefill_cp.p8, 2 workloads, 1.23x (1.14x .. 1.33x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p16; engine plugins keep the engine's kernel (`hand_back`)
+#   33. total_seq_len > 1874 and num_seqs <= 5 and 245 < mean_seq_len <= 2896 and max_seq_len > 3545: cuda_prefill_cp.p8, 2 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill
+#   34. total_seq_len > 1874 and num_seqs <= 5 and mean_seq_len > 245 and max_seq_len <= 798: cuda_prefill_staged.r64s4, 1 workloads, 2.22x (2.22x .. 2.22x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v32
+#   35. total_seq_len > 1874 and num_seqs <= 5 and mean_seq_len > 245 and 798 < max_seq_len <= 3545: cuda_prefill_cp.p4, 6 workloads, 1.31x (1.21x .. 1.48x) over vllm_flashinfer_prefill
+#   36. total_seq_len > 1874 and 1 < num_seqs <= 5 and mean_seq_len > 2896 and max_seq_len > 3545: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   37. total_seq_len > 1874 and 5 < num_seqs <= 11 and mean_seq_len > 245 and max_seq_len <= 1091: cuda_prefill_staged.r32s4, 3 workloads, 2.44x (1.78x .. 3.55x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   38. total_seq_len > 1874 and 5 < num_seqs <= 21 and mean_seq_len > 245 and 1091 < max_seq_len <= 1336: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   39. total_seq_len > 1874 and 11 < num_seqs <= 21 and mean_seq_len > 245 and max_seq_len <= 1091: flashinfer_direct, 1 workloads, 3.61x (3.61x .. 3.61x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   40. 2896 < total_seq_len <= 5792 and 5 < num_seqs <= 21 and mean_seq_len > 245 and 1336 < max_seq_len <= 2142: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   41. 2896 < total_seq_len <= 5792 and 5 < num_seqs <= 21 and mean_seq_len > 245 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 0 workloads
+#   42. total_seq_len > 2896 and 79 < num_seqs <= 192 and 326 < max_seq_len <= 11024: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   43. total_seq_len > 2896 and 79 < num_seqs <= 192 and max_seq_len > 11024: cuda_prefill_staged.r64s4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   44. 5792 < total_seq_len <= 11585 and 21 < num_seqs <= 79 and 636 < max_seq_len <= 1888: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   45. 5792 < total_seq_len <= 11585 and num_seqs > 79 and max_seq_len <= 78: cuda_prefill_staged.r64s4, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill
+#   46. total_seq_len > 5792 and 5 < num_seqs <= 11 and mean_seq_len > 245 and 1336 < max_seq_len <= 3029: cuda_prefill_staged.r32s4, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
+#   47. total_seq_len > 5792 and 5 < num_seqs <= 21 and mean_seq_len > 245 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   48. total_seq_len > 5792 and 11 < num_seqs <= 21 and mean_seq_len > 245 and 1336 < max_seq_len <= 3029: cuda_prefill_staged.r64s4, 2 workloads, 1.69x (1.61x .. 1.77x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   49. total_seq_len > 5792 and 79 < num_seqs <= 181 and 78 < max_seq_len <= 128: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   50. total_seq_len > 5792 and num_seqs > 181 and 78 < max_seq_len <= 128: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
+#   51. total_seq_len > 5947 and 79 < num_seqs <= 192 and 128 < max_seq_len <= 326: vllm_flashinfer_prefill (baseline), 0 workloads
+#   52. total_seq_len > 11585 and num_seqs <= 1 and mean_seq_len > 2896 and max_seq_len > 3545: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   53. total_seq_len > 11585 and 21 < num_seqs <= 79 and 636 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   54. total_seq_len > 11585 and 21 < num_seqs <= 79 and 962 < max_seq_len <= 1888: vllm_flashinfer_prefill (baseline), 0 workloads
+#   55. total_seq_len > 11585 and num_seqs > 79 and max_seq_len <= 78: vllm_flashinfer_prefill (baseline), 0 workloads
+#   56. total_seq_len > 23170 and num_seqs > 192 and max_seq_len > 6968: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 54 and 31 < max_seq_len <= 45: cuda_prefill_staged.r32s4, 2 workloads, 9.80x (8.82x .. 10.89x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 158 and 45 < max_seq_len <= 117: cuda_prefill_pool_rows.k16c8, 10 workloads, 5.20x (2.91x .. 10.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 158 and 117 < max_seq_len <= 1023: cuda_prefill_staged.r32s4, 1 workloads, 5.07x (5.07x .. 5.07x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 374 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 6 workloads, 7.90x (2.41x .. 15.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 374 and 4 < max_seq_len <= 31: cuda_prefill_pool_rows.k8c8, 11 workloads, 7.40x (2.68x .. 14.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 2896 and 11 < num_seqs <= 181 and 1023 < max_seq_len <= 2000: cuda_prefill_staged.r32s4, 3 workloads, 2.36x (2.00x .. 2.85x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32
-#   7. total_seq_len <= 5792 and num_seqs > 22 and 2000 < max_seq_len <= 4090: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 16627 and num_seqs > 22 and max_seq_len > 4090: cuda_prefill_staged.r32s4, 3 workloads, 1.83x (1.79x .. 1.87x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. num_seqs <= 5 and mean_seq_len <= 2450 and 1023 < max_seq_len <= 4090: cuda_prefill_cp.p4, 6 workloads, 4.73x (2.86x .. 6.87x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   10. num_seqs <= 5 and 4090 < max_seq_len <= 11584: cuda_prefill_cp.p8, 4 workloads, 2.76x (2.03x .. 3.35x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4
-#   11. num_seqs <= 5 and max_seq_len > 11584: cuda_prefill_cp.p16, 3 workloads, 1.72x (1.43x .. 2.10x) over vllm_flashinfer_prefill
-#   12. num_seqs <= 5 and mean_seq_len > 2450 and 1023 < max_seq_len <= 4090: cuda_prefill_cp.p16, 2 workloads, 5.00x (4.71x .. 5.32x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   13. 5 < num_seqs <= 11 and 1023 < max_seq_len <= 1914: cuda_prefill_staged.r32s4, 2 workloads, 5.43x (4.89x .. 6.03x) over vllm_flashinfer_prefill; then triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   14. 5 < num_seqs <= 11 and 1914 < max_seq_len <= 4090: flashinfer_direct, 1 workloads, 2.35x (2.35x .. 2.35x) over vllm_flashinfer_prefill; then triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   15. 5 < num_seqs <= 11 and max_seq_len > 4090: cuda_prefill_staged.r32s4, 1 workloads, 2.18x (2.18x .. 2.18x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   16. 11 < num_seqs <= 22 and 2000 < max_seq_len <= 7658: cuda_prefill_staged.r32s4, 1 workloads, 2.24x (2.24x .. 2.24x) over vllm_flashinfer_prefill
-#   17. 11 < num_seqs <= 22 and max_seq_len > 7658: vllm_flashinfer_prefill (baseline), 0 workloads
-#   18. num_seqs > 181 and 1023 < max_seq_len <= 2000: cuda_prefill_staged.r64s4, 1 workloads, 2.45x (2.45x .. 2.45x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 54 < total_seq_len <= 374 and 31 < max_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.95x (5.97x .. 12.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. 158 < total_seq_len <= 374 and 45 < max_seq_len <= 157: cuda_prefill_staged.r32s4, 5 workloads, 6.78x (4.08x .. 10.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   21. 158 < total_seq_len <= 374 and 157 < max_seq_len <= 1023: cuda_prefill_staged.r64s4, 8 workloads, 5.85x (4.13x .. 8.99x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   22. total_seq_len > 374 and num_seqs <= 5 and 711 < max_seq_len <= 1023: cuda_prefill_cp.p4, 2 workloads, 4.99x (4.76x .. 5.23x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   23. total_seq_len > 374 and num_seqs <= 35 and mean_seq_len <= 45 and max_seq_len <= 711: cuda_prefill_staged.r32s4, 8 workloads, 3.85x (1.71x .. 5.34x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct
-#   24. total_seq_len > 374 and num_seqs <= 35 and mean_seq_len > 45 and max_seq_len <= 711: cuda_prefill_staged.r64s4, 27 workloads, 6.26x (1.87x .. 12.16x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   25. total_seq_len > 374 and num_seqs > 5 and 711 < max_seq_len <= 1023: cuda_prefill_staged.r32s4, 7 workloads, 4.03x (2.50x .. 6.96x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   26. total_seq_len > 374 and num_seqs > 35 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.09x (2.40x .. 4.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   27. total_seq_len > 374 and num_seqs > 35 and 8 < max_seq_len <= 711: cuda_prefill_staged.r64s4, 18 workloads, 2.75x (1.83x .. 5.32x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   28. total_seq_len > 2896 and 11 < num_seqs <= 181 and 1023 < max_seq_len <= 2000: cuda_prefill_staged.r64s4, 2 workloads, 2.93x (2.22x .. 3.86x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   29. total_seq_len > 5792 and num_seqs > 22 and 2000 < max_seq_len <= 4090: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   30. total_seq_len > 16627 and num_seqs > 22 and mean_seq_len <= 209 and 4090 < max_seq_len <= 23080: flashinfer_direct, 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   31. total_seq_len > 16627 and num_seqs > 22 and max_seq_len > 23080: vllm_flashinfer_prefill (baseline), 0 workloads
-#   32. total_seq_len > 16627 and num_seqs > 22 and mean_seq_len > 209 and 4090 < max_seq_len <= 23080: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4
+#   1. total_seq_len <= 101 and 4 < max_seq_len <= 26: cuda_prefill_pool_rows.k8c8, 12 workloads, 8.99x (7.11x .. 13.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 101 and 26 < max_seq_len <= 225: cuda_prefill_pool_rows.k16c8, 8 workloads, 7.44x (3.70x .. 11.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 374 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 9 workloads, 8.28x (2.41x .. 15.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 374 and 225 < max_seq_len <= 251: triton_prefill_fused.c16v32, 4 workloads, 4.82x (2.87x .. 7.13x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 374 and 251 < max_seq_len <= 1023: cuda_prefill_staged.r32s4, 1 workloads, 4.99x (4.99x .. 4.99x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 1448 and num_seqs <= 5 and mean_seq_len <= 8208 and 1023 < max_seq_len <= 1336: cuda_prefill_cp.p8, 1 workloads, 6.20x (6.20x .. 6.20x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 2896 and num_seqs <= 5 and mean_seq_len <= 8208 and 1336 < max_seq_len <= 2450: cuda_prefill_cp.p8, 3 workloads, 4.39x (3.34x .. 6.71x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   8. num_seqs <= 5 and mean_seq_len <= 8208 and 2450 < max_seq_len <= 8191: cuda_prefill_cp.p8, 5 workloads, 3.49x (2.32x .. 5.16x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4
+#   9. num_seqs <= 5 and mean_seq_len <= 8208 and max_seq_len > 8191: cuda_prefill_cp.p16, 1 workloads, 2.41x (2.41x .. 2.41x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   10. num_seqs <= 5 and mean_seq_len > 8208 and 1023 < max_seq_len <= 18808: cuda_prefill_cp.p16, 1 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   11. num_seqs <= 5 and mean_seq_len > 8208 and max_seq_len > 18808: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   12. 5 < num_seqs <= 11 and 1023 < max_seq_len <= 1914: cuda_prefill_staged.r32s4, 2 workloads, 5.24x (5.06x .. 5.43x) over vllm_flashinfer_prefill; then triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   13. 5 < num_seqs <= 11 and 1914 < max_seq_len <= 4092: flashinfer_direct, 1 workloads, 2.35x (2.35x .. 2.35x) over vllm_flashinfer_prefill; then triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   14. 5 < num_seqs <= 11 and max_seq_len > 4092: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   15. 11 < num_seqs <= 45 and mean_seq_len <= 362 and max_seq_len > 1023: cuda_prefill_staged.r32s4, 3 workloads, 2.32x (1.69x .. 3.28x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   16. 11 < num_seqs <= 45 and mean_seq_len > 362 and 1023 < max_seq_len <= 5420: cuda_prefill_staged.r32s4, 2 workloads, 2.73x (2.71x .. 2.76x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   17. 11 < num_seqs <= 45 and mean_seq_len > 362 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64
+#   18. num_seqs > 45 and mean_seq_len <= 90 and max_seq_len > 1023: cuda_prefill_staged.r64s4, 3 workloads, 1.97x (1.58x .. 2.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   19. num_seqs > 45 and mean_seq_len > 90 and 1023 < max_seq_len <= 16352: cuda_prefill_staged.r64s4, 2 workloads, 1.71x (1.32x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   20. num_seqs > 45 and mean_seq_len > 90 and max_seq_len > 16352: vllm_flashinfer_prefill (baseline), 0 workloads
+#   21. 101 < total_seq_len <= 374 and 4 < max_seq_len <= 105: cuda_prefill_pool_rows.k8c8, 16 workloads, 5.62x (2.68x .. 14.08x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   22. 101 < total_seq_len <= 374 and 105 < max_seq_len <= 225: cuda_prefill_staged.r64s4, 9 workloads, 4.96x (2.58x .. 8.23x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   23. 374 < total_seq_len <= 1448 and 12 < max_seq_len <= 35: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.98x (2.20x .. 7.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
+#   24. total_seq_len > 374 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.93x (2.27x .. 4.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
+#   25. total_seq_len > 374 and 35 < max_seq_len <= 1023: cuda_prefill_staged.r64s4, 53 workloads, 4.25x (1.77x .. 9.46x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   26. total_seq_len > 1448 and num_seqs <= 5 and mean_seq_len <= 8208 and 1023 < max_seq_len <= 1336: cuda_prefill_cp.p4, 1 workloads, 6.22x (6.22x .. 6.22x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 1448 and 12 < max_seq_len <= 35: cuda_prefill_staged.r64s4, 2 workloads, 2.64x (1.61x .. 4.32x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 2896 and num_seqs <= 5 and mean_seq_len <= 8208 and 1336 < max_seq_len <= 2450: cuda_prefill_cp.p4, 1 workloads, 4.20x (4.20x .. 4.20x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 9), 'num_seqs': (11, 40), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (40, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.69, 1.74, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (8, 128), 'num_seqs': (40, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.32, 1.37, 1.42), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 5), 'total_seq_len': (None, 803)}, 'workloads': 2, 'speedup': (8.84, 8.86, 8.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 9), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 803)}, 'workloads': 1, 'speedup': (7.72, 7.72, 7.72), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (4, 9), 'mean_seq_len': (6, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 803)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (9, 22), 'mean_seq_len': (None, 2), 'num_seqs': (None, 22), 'total_seq_len': (None, 803)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (9, 22), 'mean_seq_len': (2, None), 'num_seqs': (None, 22), 'total_seq_len': (None, 803)}, 'workloads': 6, 'speedup': (5.97, 6.78, 7.31), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (22, None), 'num_seqs': (None, 40), 'total_seq_len': (None, 803)}, 'workloads': 41, 'speedup': (1.17, 3.21, 5.66), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (5, 11), 'total_seq_len': (None, 803)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (11, 21), 'total_seq_len': (None, 803)}, 'workloads': 1, 'speedup': (8.95, 8.95, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (21, 40), 'total_seq_len': (None, 803)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (9, 22), 'num_seqs': (22, 40), 'total_seq_len': (None, 803)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (128, 326), 'mean_seq_len': (None, 45), 'num_seqs': (40, 136), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (302, 6968), 'num_seqs': (136, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.25, 1.25, 1.25), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (326, None), 'mean_seq_len': (None, 362), 'num_seqs': (40, 136), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (1.12, 1.14, 1.16), 'fallbacks': ()},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (128, 302), 'num_seqs': (136, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.44, 1.44, 1.44), 'fallbacks': ()},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (6968, None), 'num_seqs': (136, None), 'total_seq_len': (None, 23170)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
-    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (128, 326), 'mean_seq_len': (45, None), 'num_seqs': (40, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (326, 962), 'mean_seq_len': (362, None), 'num_seqs': (40, 136)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'mean_seq_len': (362, None), 'num_seqs': (40, 136)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (128, 326), 'mean_seq_len': (45, None), 'num_seqs': (90, 136)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (4, 9), 'num_seqs': (11, 40), 'total_seq_len': (90, 803)}, 'workloads': 1, 'speedup': (7.18, 7.18, 7.18), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (40, None), 'total_seq_len': (181, 5792)}, 'workloads': 4, 'speedup': (1.46, 1.55, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (6, 128), 'num_seqs': (40, None), 'total_seq_len': (181, 5792)}, 'workloads': 11, 'speedup': (1.14, 1.31, 1.5), 'fallbacks': ()},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 629), 'mean_seq_len': (None, 419), 'num_seqs': (None, 7), 'total_seq_len': (803, 4833)}, 'workloads': 4, 'speedup': (2.25, 2.87, 3.38), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (629, 1888), 'num_seqs': (None, 7), 'total_seq_len': (803, 4833)}, 'workloads': 7, 'speedup': (1.32, 1.45, 1.53), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 28, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1888, None), 'num_seqs': (None, 7), 'total_seq_len': (803, 4833)}, 'workloads': 4, 'speedup': (1.34, 1.41, 1.45), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 629), 'mean_seq_len': (419, None), 'num_seqs': (None, 7), 'total_seq_len': (803, 4833)}, 'workloads': 2, 'speedup': (1.77, 1.98, 2.22), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32')},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1091, None), 'num_seqs': (7, 11), 'total_seq_len': (803, 4833)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 340), 'num_seqs': (7, 22), 'total_seq_len': (803, 4833)}, 'workloads': 6, 'speedup': (3.55, 4.33, 5.18), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 32, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (340, 1091), 'num_seqs': (7, 40), 'total_seq_len': (803, 4833)}, 'workloads': 6, 'speedup': (1.18, 1.88, 3.2), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 33, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1091, None), 'num_seqs': (11, 40), 'total_seq_len': (803, 4833)}, 'workloads': 2, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': ('cuda_prefill_staged.r32s4',), 'hand_back': True},
-    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 340), 'num_seqs': (22, 40), 'total_seq_len': (803, 4833)}, 'workloads': 4, 'speedup': (1.05, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (128, 326), 'mean_seq_len': (None, 45), 'num_seqs': (40, 136), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (302, 6968), 'num_seqs': (136, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': ('cuda_prefill_staged.r32s4',), 'hand_back': True},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (326, 2896), 'mean_seq_len': (None, 362), 'num_seqs': (40, 99), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 38, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (None, 362), 'num_seqs': (40, 99), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.08, 1.09, 1.09), 'fallbacks': (), 'hand_back': True},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (326, None), 'mean_seq_len': (None, 362), 'num_seqs': (99, 136), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 40, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (128, 302), 'num_seqs': (136, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.16, 1.18, 1.2), 'fallbacks': ('cuda_prefill_staged.r32s4',), 'hand_back': True},
-    {'region': 41, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1659, 3029), 'num_seqs': (5, 22), 'total_seq_len': (4833, 9553)}, 'workloads': 2, 'speedup': (1.17, 1.37, 1.61), 'fallbacks': (), 'hand_back': True},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'num_seqs': (5, 22), 'total_seq_len': (4833, 9553)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 43, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1659, 5418), 'num_seqs': (22, 40), 'total_seq_len': (4833, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off'), 'hand_back': True},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5418, None), 'num_seqs': (22, 40), 'total_seq_len': (4833, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 45, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (3547, None), 'num_seqs': (None, 5), 'total_seq_len': (4833, 11585)}, 'workloads': 3, 'speedup': (1.13, 1.13, 1.14), 'fallbacks': (), 'hand_back': True},
-    {'region': 46, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (762, 3547), 'num_seqs': (None, 5), 'total_seq_len': (4833, None)}, 'workloads': 1, 'speedup': (1.25, 1.25, 1.25), 'fallbacks': ()},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 762), 'mean_seq_len': (None, 362), 'num_seqs': (None, 40), 'total_seq_len': (4833, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64')},
-    {'region': 48, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 636), 'num_seqs': (None, 40), 'total_seq_len': (4833, None)}, 'workloads': 3, 'speedup': (1.03, 1.58, 3.61), 'fallbacks': ()},
-    {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (636, 762), 'mean_seq_len': (362, None), 'num_seqs': (None, 40), 'total_seq_len': (4833, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 50, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, 1659), 'num_seqs': (5, 40), 'total_seq_len': (4833, None)}, 'workloads': 1, 'speedup': (2.05, 2.05, 2.05), 'fallbacks': ()},
-    {'region': 51, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 78), 'num_seqs': (40, None), 'total_seq_len': (5792, 11585)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': ()},
-    {'region': 52, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (78, 128), 'num_seqs': (40, 181), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (78, 128), 'num_seqs': (181, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
-    {'region': 54, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1659, 3029), 'num_seqs': (5, 40), 'total_seq_len': (9553, None)}, 'workloads': 1, 'speedup': (1.77, 1.77, 1.77), 'fallbacks': (), 'hand_back': True},
-    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'num_seqs': (5, 40), 'total_seq_len': (9553, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 56, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3547, None), 'num_seqs': (None, 5), 'total_seq_len': (11585, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 78), 'num_seqs': (40, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 58, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (6968, 11024), 'num_seqs': (136, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
-    {'region': 59, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11024, None), 'num_seqs': (136, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (3, 4), 'mean_seq_len': (None, 245), 'num_seqs': (None, 21), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (8.27, 8.27, 8.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 7), 'mean_seq_len': (None, 245), 'num_seqs': (None, 21), 'total_seq_len': (None, 24)}, 'workloads': 3, 'speedup': (7.49, 8.0, 8.85), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (21, 79), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (1.69, 1.77, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (8, 60), 'num_seqs': (21, 79), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 21), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (128, 6968), 'num_seqs': (192, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.18, 1.3, 1.44), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 629), 'mean_seq_len': (245, 419), 'num_seqs': (None, 21), 'total_seq_len': (None, 1874)}, 'workloads': 5, 'speedup': (2.25, 2.58, 2.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (629, None), 'mean_seq_len': (245, 419), 'num_seqs': (None, 21), 'total_seq_len': (None, 1874)}, 'workloads': 1, 'speedup': (1.41, 1.41, 1.41), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (326, None), 'num_seqs': (79, 192), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (636, 1888), 'num_seqs': (21, 79), 'total_seq_len': (None, 5792)}, 'workloads': 4, 'speedup': (1.13, 1.16, 1.18), 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 2), 'num_seqs': (79, None), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.54, 1.59, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 128), 'mean_seq_len': (None, 2), 'num_seqs': (79, None), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.5, 1.5, 1.5), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 128), 'mean_seq_len': (2, None), 'num_seqs': (79, None), 'total_seq_len': (None, 5792)}, 'workloads': 4, 'speedup': (1.41, 1.44, 1.47), 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (128, 326), 'num_seqs': (79, 192), 'total_seq_len': (None, 5947)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ()},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (6968, None), 'num_seqs': (192, None), 'total_seq_len': (None, 23170)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 245), 'num_seqs': (None, 5)}, 'workloads': 2, 'speedup': (8.84, 8.86, 8.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 16), 'mean_seq_len': (None, 2), 'num_seqs': (None, 21)}, 'workloads': 1, 'speedup': (6.8, 6.8, 6.8), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (16, None), 'mean_seq_len': (None, 245), 'num_seqs': (None, 21)}, 'workloads': 49, 'speedup': (1.2, 3.55, 6.0), 'fallbacks': ()},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 16), 'mean_seq_len': (2, 245), 'num_seqs': (None, 21)}, 'workloads': 10, 'speedup': (6.32, 6.82, 7.31), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 245), 'num_seqs': (5, 21)}, 'workloads': 1, 'speedup': (9.68, 9.68, 9.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (60, 126), 'mean_seq_len': (None, 22), 'num_seqs': (21, 79)}, 'workloads': 4, 'speedup': (1.17, 1.28, 1.42), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (126, 636), 'mean_seq_len': (None, 45), 'num_seqs': (21, 79)}, 'workloads': 3, 'speedup': (1.12, 1.21, 1.32), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1888, None), 'num_seqs': (21, 79)}, 'workloads': 2, 'speedup': (1.08, 1.08, 1.09), 'fallbacks': (), 'hand_back': True},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (60, 126), 'mean_seq_len': (22, None), 'num_seqs': (21, 79)}, 'workloads': 3, 'speedup': (1.09, 1.1, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (126, 636), 'mean_seq_len': (45, None), 'num_seqs': (21, 79)}, 'workloads': 4, 'speedup': (1.03, 1.05, 1.07), 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 4), 'mean_seq_len': (None, 245), 'num_seqs': (None, 21), 'total_seq_len': (22, None)}, 'workloads': 2, 'speedup': (8.78, 8.86, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 7), 'mean_seq_len': (None, 245), 'num_seqs': (None, 21), 'total_seq_len': (24, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 60), 'num_seqs': (21, 79), 'total_seq_len': (181, None)}, 'workloads': 8, 'speedup': (1.04, 1.2, 1.28), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 29, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 21), 'total_seq_len': (724, 1874)}, 'workloads': 5, 'speedup': (1.42, 1.52, 1.62), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16')},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (128, 6968), 'num_seqs': (192, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.12, 1.14, 1.16), 'fallbacks': ('cuda_prefill_staged.r32s4',), 'hand_back': True},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1336, None), 'mean_seq_len': (245, None), 'num_seqs': (5, 21), 'total_seq_len': (1874, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 32, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (3545, None), 'mean_seq_len': (2896, None), 'num_seqs': (None, 1), 'total_seq_len': (1874, 11585)}, 'workloads': 2, 'speedup': (1.14, 1.23, 1.33), 'fallbacks': ('cuda_prefill_cp.p16',), 'hand_back': True},
+    {'region': 33, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (3545, None), 'mean_seq_len': (245, 2896), 'num_seqs': (None, 5), 'total_seq_len': (1874, None)}, 'workloads': 2, 'speedup': (1.14, 1.14, 1.14), 'fallbacks': ()},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 798), 'mean_seq_len': (245, None), 'num_seqs': (None, 5), 'total_seq_len': (1874, None)}, 'workloads': 1, 'speedup': (2.22, 2.22, 2.22), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32')},
+    {'region': 35, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (798, 3545), 'mean_seq_len': (245, None), 'num_seqs': (None, 5), 'total_seq_len': (1874, None)}, 'workloads': 6, 'speedup': (1.21, 1.31, 1.48), 'fallbacks': ()},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3545, None), 'mean_seq_len': (2896, None), 'num_seqs': (1, 5), 'total_seq_len': (1874, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 37, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 1091), 'mean_seq_len': (245, None), 'num_seqs': (5, 11), 'total_seq_len': (1874, None)}, 'workloads': 3, 'speedup': (1.78, 2.44, 3.55), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1091, 1336), 'mean_seq_len': (245, None), 'num_seqs': (5, 21), 'total_seq_len': (1874, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1091), 'mean_seq_len': (245, None), 'num_seqs': (11, 21), 'total_seq_len': (1874, None)}, 'workloads': 1, 'speedup': (3.61, 3.61, 3.61), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 40, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1336, 2142), 'mean_seq_len': (245, None), 'num_seqs': (5, 21), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'mean_seq_len': (245, None), 'num_seqs': (5, 21), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (326, 11024), 'num_seqs': (79, 192), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 43, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11024, None), 'num_seqs': (79, 192), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 1888), 'num_seqs': (21, 79), 'total_seq_len': (5792, 11585)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 45, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 78), 'num_seqs': (79, None), 'total_seq_len': (5792, 11585)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': ()},
+    {'region': 46, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1336, 3029), 'mean_seq_len': (245, None), 'num_seqs': (5, 11), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ('cuda_prefill_staged.r64s4',), 'hand_back': True},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'mean_seq_len': (245, None), 'num_seqs': (5, 21), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 48, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1336, 3029), 'mean_seq_len': (245, None), 'num_seqs': (11, 21), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.61, 1.69, 1.77), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off'), 'hand_back': True},
+    {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (78, 128), 'num_seqs': (79, 181), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (78, 128), 'num_seqs': (181, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (128, 326), 'num_seqs': (79, 192), 'total_seq_len': (5947, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3545, None), 'mean_seq_len': (2896, None), 'num_seqs': (None, 1), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 53, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (636, 962), 'num_seqs': (21, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, 1888), 'num_seqs': (21, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 78), 'num_seqs': (79, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 56, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (6968, None), 'num_seqs': (192, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (31, 45), 'total_seq_len': (None, 54)}, 'workloads': 2, 'speedup': (8.82, 9.8, 10.89), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (45, 117), 'total_seq_len': (None, 158)}, 'workloads': 10, 'speedup': (2.91, 5.2, 10.23), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (117, 1023), 'total_seq_len': (None, 158)}, 'workloads': 1, 'speedup': (5.07, 5.07, 5.07), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'total_seq_len': (None, 374)}, 'workloads': 6, 'speedup': (2.41, 7.9, 15.83), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 31), 'total_seq_len': (None, 374)}, 'workloads': 11, 'speedup': (2.68, 7.4, 14.08), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, 2000), 'num_seqs': (11, 181), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (2.0, 2.36, 2.85), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2000, 4090), 'num_seqs': (22, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (4090, None), 'num_seqs': (22, None), 'total_seq_len': (None, 16627)}, 'workloads': 3, 'speedup': (1.79, 1.83, 1.87), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1023, 4090), 'mean_seq_len': (None, 2450), 'num_seqs': (None, 5)}, 'workloads': 6, 'speedup': (2.86, 4.73, 6.87), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4090, 11584), 'num_seqs': (None, 5)}, 'workloads': 4, 'speedup': (2.03, 2.76, 3.35), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
-    {'region': 11, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (11584, None), 'num_seqs': (None, 5)}, 'workloads': 3, 'speedup': (1.43, 1.72, 2.1), 'fallbacks': ()},
-    {'region': 12, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1023, 4090), 'mean_seq_len': (2450, None), 'num_seqs': (None, 5)}, 'workloads': 2, 'speedup': (4.71, 5.0, 5.32), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, 1914), 'num_seqs': (5, 11)}, 'workloads': 2, 'speedup': (4.89, 5.43, 6.03), 'fallbacks': ('triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1914, 4090), 'num_seqs': (5, 11)}, 'workloads': 1, 'speedup': (2.35, 2.35, 2.35), 'fallbacks': ('triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (4090, None), 'num_seqs': (5, 11)}, 'workloads': 1, 'speedup': (2.18, 2.18, 2.18), 'fallbacks': (), 'hand_back': True},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2000, 7658), 'num_seqs': (11, 22)}, 'workloads': 1, 'speedup': (2.24, 2.24, 2.24), 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7658, None), 'num_seqs': (11, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1023, 2000), 'num_seqs': (181, None)}, 'workloads': 1, 'speedup': (2.45, 2.45, 2.45), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (31, 45), 'total_seq_len': (54, 374)}, 'workloads': 4, 'speedup': (5.97, 8.95, 12.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (45, 157), 'total_seq_len': (158, 374)}, 'workloads': 5, 'speedup': (4.08, 6.78, 10.71), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (157, 1023), 'total_seq_len': (158, 374)}, 'workloads': 8, 'speedup': (4.13, 5.85, 8.99), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (711, 1023), 'num_seqs': (None, 5), 'total_seq_len': (374, None)}, 'workloads': 2, 'speedup': (4.76, 4.99, 5.23), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 711), 'mean_seq_len': (None, 45), 'num_seqs': (None, 35), 'total_seq_len': (374, None)}, 'workloads': 8, 'speedup': (1.71, 3.85, 5.34), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 711), 'mean_seq_len': (45, None), 'num_seqs': (None, 35), 'total_seq_len': (374, None)}, 'workloads': 27, 'speedup': (1.87, 6.26, 12.16), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (711, 1023), 'num_seqs': (5, None), 'total_seq_len': (374, None)}, 'workloads': 7, 'speedup': (2.5, 4.03, 6.96), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (35, None), 'total_seq_len': (374, None)}, 'workloads': 5, 'speedup': (2.4, 3.09, 4.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 711), 'num_seqs': (35, None), 'total_seq_len': (374, None)}, 'workloads': 18, 'speedup': (1.83, 2.75, 5.32), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1023, 2000), 'num_seqs': (11, 181), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (2.22, 2.93, 3.86), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2000, 4090), 'num_seqs': (22, None), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4090, 23080), 'mean_seq_len': (None, 209), 'num_seqs': (22, None), 'total_seq_len': (16627, None)}, 'workloads': 1, 'speedup': (1.14, 1.14, 1.14), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23080, None), 'num_seqs': (22, None), 'total_seq_len': (16627, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4090, 23080), 'mean_seq_len': (209, None), 'num_seqs': (22, None), 'total_seq_len': (16627, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 26), 'total_seq_len': (None, 101)}, 'workloads': 12, 'speedup': (7.11, 8.99, 13.92), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (26, 225), 'total_seq_len': (None, 101)}, 'workloads': 8, 'speedup': (3.7, 7.44, 11.32), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'total_seq_len': (None, 374)}, 'workloads': 9, 'speedup': (2.41, 8.28, 15.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (225, 251), 'total_seq_len': (None, 374)}, 'workloads': 4, 'speedup': (2.87, 4.82, 7.13), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (251, 1023), 'total_seq_len': (None, 374)}, 'workloads': 1, 'speedup': (4.99, 4.99, 4.99), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1023, 1336), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 5), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (6.2, 6.2, 6.2), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1336, 2450), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 5), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (3.34, 4.39, 6.71), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2450, 8191), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 5)}, 'workloads': 5, 'speedup': (2.32, 3.49, 5.16), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
+    {'region': 9, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (8191, None), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (2.41, 2.41, 2.41), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 10, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1023, 18808), 'mean_seq_len': (8208, None), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (1.55, 1.55, 1.55), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (18808, None), 'mean_seq_len': (8208, None), 'num_seqs': (None, 5)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, 1914), 'num_seqs': (5, 11)}, 'workloads': 2, 'speedup': (5.06, 5.24, 5.43), 'fallbacks': ('triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1914, 4092), 'num_seqs': (5, 11)}, 'workloads': 1, 'speedup': (2.35, 2.35, 2.35), 'fallbacks': ('triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4092, None), 'num_seqs': (5, 11)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, None), 'mean_seq_len': (None, 362), 'num_seqs': (11, 45)}, 'workloads': 3, 'speedup': (1.69, 2.32, 3.28), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, 5420), 'mean_seq_len': (362, None), 'num_seqs': (11, 45)}, 'workloads': 2, 'speedup': (2.71, 2.73, 2.76), 'fallbacks': ('flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'mean_seq_len': (362, None), 'num_seqs': (11, 45)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1023, None), 'mean_seq_len': (None, 90), 'num_seqs': (45, None)}, 'workloads': 3, 'speedup': (1.58, 1.97, 2.39), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1023, 16352), 'mean_seq_len': (90, None), 'num_seqs': (45, None)}, 'workloads': 2, 'speedup': (1.32, 1.71, 2.2), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16352, None), 'mean_seq_len': (90, None), 'num_seqs': (45, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 105), 'total_seq_len': (101, 374)}, 'workloads': 16, 'speedup': (2.68, 5.62, 14.08), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (105, 225), 'total_seq_len': (101, 374)}, 'workloads': 9, 'speedup': (2.58, 4.96, 8.23), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (12, 35), 'total_seq_len': (374, 1448)}, 'workloads': 6, 'speedup': (2.2, 3.98, 7.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'total_seq_len': (374, None)}, 'workloads': 6, 'speedup': (2.27, 2.93, 4.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (35, 1023), 'total_seq_len': (374, None)}, 'workloads': 53, 'speedup': (1.77, 4.25, 9.46), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 26, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1023, 1336), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 5), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (6.22, 6.22, 6.22), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (12, 35), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.61, 2.64, 4.32), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1336, 2450), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 5), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (4.2, 4.2, 4.2), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -398,293 +379,266 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 90 and 11 < num_seqs <= 40 and 4 < max_seq_len <= 9:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 2 workloads, 1.74x (1.69x .. 1.80x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 40 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 2 workloads, 1.37x (1.32x .. 1.42x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 40 and 8 < max_seq_len <= 128:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 4: 2 workloads, 8.86x (8.84x .. 8.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 803 and num_seqs <= 5 and max_seq_len <= 4:
+    # region 1: 1 workloads, 8.27x (8.27x .. 8.27x) over vllm_flashinfer_prefill
+    if total_seq_len <= 22 and num_seqs <= 21 and mean_seq_len <= 245 and 3 < max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 1 workloads, 7.72x (7.72x .. 7.72x) over vllm_flashinfer_prefill
-    if total_seq_len <= 803 and num_seqs <= 11 and mean_seq_len <= 6 and 4 < max_seq_len <= 9:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 803 and num_seqs <= 11 and mean_seq_len > 6 and 4 < max_seq_len <= 9:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 803 and num_seqs <= 22 and mean_seq_len <= 2 and 9 < max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 8: 6 workloads, 6.78x (5.97x .. 7.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 803 and num_seqs <= 22 and mean_seq_len > 2 and 9 < max_seq_len <= 22:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 41 workloads, 3.21x (1.17x .. 5.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 803 and num_seqs <= 40 and max_seq_len > 22:
+    # region 2: 3 workloads, 8.00x (7.49x .. 8.85x) over vllm_flashinfer_prefill
+    if total_seq_len <= 24 and num_seqs <= 21 and mean_seq_len <= 245 and 4 < max_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 3 workloads, 1.77x (1.69x .. 1.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 21 < num_seqs <= 79 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 21 < num_seqs <= 79 and 8 < max_seq_len <= 60:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 803 and 5 < num_seqs <= 11 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 11: 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 803 and 11 < num_seqs <= 21 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 12: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 803 and 21 < num_seqs <= 40 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 13: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
-    if total_seq_len <= 803 and 22 < num_seqs <= 40 and 9 < max_seq_len <= 22:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 14: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 40 < num_seqs <= 136 and mean_seq_len <= 45 and 128 < max_seq_len <= 326:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 15: 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 136 and 302 < max_seq_len <= 6968:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 16: 3 workloads, 1.14x (1.12x .. 1.16x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and 40 < num_seqs <= 136 and mean_seq_len <= 362 and max_seq_len > 326:
-        return 'cuda_prefill_staged.r32s4'
-    # region 17: 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 136 and 128 < max_seq_len <= 302:
-        return 'cuda_prefill_staged.r64s4'
-    # region 18: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 23170 and num_seqs > 136 and max_seq_len > 6968:
-        return 'cuda_prefill_staged.r64s4'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if 40 < num_seqs <= 90 and mean_seq_len > 45 and 128 < max_seq_len <= 326:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if 40 < num_seqs <= 136 and mean_seq_len > 362 and 326 < max_seq_len <= 962:
-        return 'flashinfer_direct'
-    # region 23: 1 workloads, 7.18x (7.18x .. 7.18x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 803 and 11 < num_seqs <= 40 and 4 < max_seq_len <= 9:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 24: 4 workloads, 1.55x (1.46x .. 1.64x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 5792 and num_seqs > 40 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 11 workloads, 1.31x (1.14x .. 1.50x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 5792 and num_seqs > 40 and 6 < max_seq_len <= 128:
-        return 'cuda_prefill_staged.r64s4'
-    # region 26: 4 workloads, 2.87x (2.25x .. 3.38x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 4833 and num_seqs <= 7 and mean_seq_len <= 419 and max_seq_len <= 629:
+    # region 5: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs <= 21 and mean_seq_len > 419:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 2 workloads, 1.30x (1.18x .. 1.44x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 192 and 128 < max_seq_len <= 6968:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 5 workloads, 2.58x (2.25x .. 2.98x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1874 and num_seqs <= 21 and 245 < mean_seq_len <= 419 and max_seq_len <= 629:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 27: 7 workloads, 1.45x (1.32x .. 1.53x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 4833 and num_seqs <= 7 and 629 < max_seq_len <= 1888:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
-    # region 28: 4 workloads, 1.41x (1.34x .. 1.45x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 4833 and num_seqs <= 7 and max_seq_len > 1888:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 29: 2 workloads, 1.98x (1.77x .. 2.22x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 4833 and num_seqs <= 7 and mean_seq_len > 419 and max_seq_len <= 629:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r64s4'
-    # region 30: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 803 < total_seq_len <= 4833 and 7 < num_seqs <= 11 and max_seq_len > 1091:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 6 workloads, 4.33x (3.55x .. 5.18x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 4833 and 7 < num_seqs <= 22 and max_seq_len <= 340:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 32: 6 workloads, 1.88x (1.18x .. 3.20x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 4833 and 7 < num_seqs <= 40 and 340 < max_seq_len <= 1091:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 33: 2 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call
-    if 803 < total_seq_len <= 4833 and 11 < num_seqs <= 40 and max_seq_len > 1091:
-        return ('triton_prefill_chunked.v64', 'cuda_prefill_staged.r32s4') if inside else 'triton_prefill_chunked.v64'
-    # region 34: 4 workloads, 1.09x (1.05x .. 1.11x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 4833 and 22 < num_seqs <= 40 and max_seq_len <= 340:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1448 and 40 < num_seqs <= 136 and mean_seq_len <= 45 and 128 < max_seq_len <= 326:
-        return 'cuda_prefill_staged.r64s4'
-    # region 36: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1448 and num_seqs > 136 and 302 < max_seq_len <= 6968:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 40 < num_seqs <= 99 and mean_seq_len <= 362 and 326 < max_seq_len <= 2896:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 2 workloads, 1.09x (1.08x .. 1.09x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 2896 and 40 < num_seqs <= 99 and mean_seq_len <= 362 and max_seq_len > 2896:
-        return 'cuda_prefill_staged.r64s4'
-    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 99 < num_seqs <= 136 and mean_seq_len <= 362 and max_seq_len > 326:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 2 workloads, 1.18x (1.16x .. 1.20x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 2896 and num_seqs > 136 and 128 < max_seq_len <= 302:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 41: 2 workloads, 1.37x (1.17x .. 1.61x) over vllm_flashinfer_prefill's guarded call
-    if 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 22 and 1659 < max_seq_len <= 3029:
+    # region 8: 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1874 and num_seqs <= 21 and 245 < mean_seq_len <= 419 and max_seq_len > 629:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_cp.p4'
+    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 2896 and 79 < num_seqs <= 192 and max_seq_len > 326:
         return 'cuda_prefill_staged.r32s4'
-    # region 42: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 22 and max_seq_len > 3029:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 0 workloads, by estimated times (no measured workload in it)
-    if 4833 < total_seq_len <= 9553 and 22 < num_seqs <= 40 and 1659 < max_seq_len <= 5418:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 4833 < total_seq_len <= 9553 and 22 < num_seqs <= 40 and max_seq_len > 5418:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 3 workloads, 1.13x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call
-    if 4833 < total_seq_len <= 11585 and num_seqs <= 5 and max_seq_len > 3547:
-        return 'cuda_prefill_cp.p8'
-    # region 46: 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill
-    if total_seq_len > 4833 and num_seqs <= 5 and 762 < max_seq_len <= 3547:
-        return 'cuda_prefill_cp.p4'
-    # region 47: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4833 and num_seqs <= 40 and mean_seq_len <= 362 and 636 < max_seq_len <= 762:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 3 workloads, 1.58x (1.03x .. 3.61x) over vllm_flashinfer_prefill
-    if total_seq_len > 4833 and num_seqs <= 40 and max_seq_len <= 636:
-        return 'flashinfer_direct'
-    # region 49: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 4833 and num_seqs <= 40 and mean_seq_len > 362 and 636 < max_seq_len <= 762:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
-    # region 50: 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill
-    if total_seq_len > 4833 and 5 < num_seqs <= 40 and 762 < max_seq_len <= 1659:
-        return 'flashinfer_direct'
-    # region 51: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill
-    if 5792 < total_seq_len <= 11585 and num_seqs > 40 and max_seq_len <= 78:
+    # region 10: 4 workloads, 1.16x (1.13x .. 1.18x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and 21 < num_seqs <= 79 and 636 < max_seq_len <= 1888:
+        return 'cuda_prefill_staged.r32s4'
+    # region 11: 2 workloads, 1.59x (1.54x .. 1.64x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len <= 2 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 1 workloads, 1.50x (1.50x .. 1.50x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len <= 2 and 8 < max_seq_len <= 128:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 13: 4 workloads, 1.44x (1.41x .. 1.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len > 2 and max_seq_len <= 128:
         return 'cuda_prefill_staged.r64s4'
-    # region 52: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and 40 < num_seqs <= 181 and 78 < max_seq_len <= 128:
+    # region 14: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5947 and 79 < num_seqs <= 192 and 128 < max_seq_len <= 326:
+        return 'cuda_prefill_staged.r64s4'
+    # region 15: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 23170 and num_seqs > 192 and max_seq_len > 6968:
+        return 'cuda_prefill_staged.r64s4'
+    # region 16: 2 workloads, 8.86x (8.84x .. 8.88x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and mean_seq_len <= 245 and max_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 17: 1 workloads, 6.80x (6.80x .. 6.80x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and mean_seq_len <= 2 and 7 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 18: 49 workloads, 3.55x (1.20x .. 6.00x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and mean_seq_len <= 245 and max_seq_len > 16:
+        return 'cuda_prefill_staged.r32s4'
+    # region 19: 10 workloads, 6.82x (6.32x .. 7.31x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and 2 < mean_seq_len <= 245 and 7 < max_seq_len <= 16:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 20: 1 workloads, 9.68x (9.68x .. 9.68x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 21 and mean_seq_len <= 245 and max_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 21: 4 workloads, 1.28x (1.17x .. 1.42x) over vllm_flashinfer_prefill
+    if 21 < num_seqs <= 79 and mean_seq_len <= 22 and 60 < max_seq_len <= 126:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 22: 3 workloads, 1.21x (1.12x .. 1.32x) over vllm_flashinfer_prefill
+    if 21 < num_seqs <= 79 and mean_seq_len <= 45 and 126 < max_seq_len <= 636:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 23: 2 workloads, 1.08x (1.08x .. 1.09x) over vllm_flashinfer_prefill's guarded call
+    if 21 < num_seqs <= 79 and max_seq_len > 1888:
+        return 'cuda_prefill_staged.r64s4'
+    # region 24: 3 workloads, 1.10x (1.09x .. 1.11x) over vllm_flashinfer_prefill
+    if 21 < num_seqs <= 79 and mean_seq_len > 22 and 60 < max_seq_len <= 126:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 53: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 25: 4 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
+    if 21 < num_seqs <= 79 and mean_seq_len > 45 and 126 < max_seq_len <= 636:
+        return 'flashinfer_direct'
+    # region 26: 2 workloads, 8.86x (8.78x .. 8.95x) over vllm_flashinfer_prefill
+    if total_seq_len > 22 and num_seqs <= 21 and mean_seq_len <= 245 and 3 < max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 24 and num_seqs <= 21 and mean_seq_len <= 245 and 4 < max_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 28: 8 workloads, 1.20x (1.04x .. 1.28x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 21 < num_seqs <= 79 and max_seq_len <= 60:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 29: 5 workloads, 1.52x (1.42x .. 1.62x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 1874 and num_seqs <= 21 and mean_seq_len > 419:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p4'
+    # region 30: 2 workloads, 1.14x (1.12x .. 1.16x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1448 and num_seqs > 192 and 128 < max_seq_len <= 6968:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 1874 < total_seq_len <= 2896 and 5 < num_seqs <= 21 and mean_seq_len > 245 and max_seq_len > 1336:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 2 workloads, 1.23x (1.14x .. 1.33x) over vllm_flashinfer_prefill's guarded call
+    if 1874 < total_seq_len <= 11585 and num_seqs <= 1 and mean_seq_len > 2896 and max_seq_len > 3545:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
+    # region 33: 2 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill
+    if total_seq_len > 1874 and num_seqs <= 5 and 245 < mean_seq_len <= 2896 and max_seq_len > 3545:
+        return 'cuda_prefill_cp.p8'
+    # region 34: 1 workloads, 2.22x (2.22x .. 2.22x) over vllm_flashinfer_prefill
+    if total_seq_len > 1874 and num_seqs <= 5 and mean_seq_len > 245 and max_seq_len <= 798:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r64s4'
+    # region 35: 6 workloads, 1.31x (1.21x .. 1.48x) over vllm_flashinfer_prefill
+    if total_seq_len > 1874 and num_seqs <= 5 and mean_seq_len > 245 and 798 < max_seq_len <= 3545:
+        return 'cuda_prefill_cp.p4'
+    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1874 and 1 < num_seqs <= 5 and mean_seq_len > 2896 and max_seq_len > 3545:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 3 workloads, 2.44x (1.78x .. 3.55x) over vllm_flashinfer_prefill
+    if total_seq_len > 1874 and 5 < num_seqs <= 11 and mean_seq_len > 245 and max_seq_len <= 1091:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 38: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1874 and 5 < num_seqs <= 21 and mean_seq_len > 245 and 1091 < max_seq_len <= 1336:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 39: 1 workloads, 3.61x (3.61x .. 3.61x) over vllm_flashinfer_prefill
+    if total_seq_len > 1874 and 11 < num_seqs <= 21 and mean_seq_len > 245 and max_seq_len <= 1091:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
+    # region 40: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 5792 and 5 < num_seqs <= 21 and mean_seq_len > 245 and 1336 < max_seq_len <= 2142:
+        return 'cuda_prefill_staged.r32s4'
+    # region 42: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and 79 < num_seqs <= 192 and 326 < max_seq_len <= 11024:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 2896 and 79 < num_seqs <= 192 and max_seq_len > 11024:
+        return 'cuda_prefill_staged.r64s4'
+    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 5792 < total_seq_len <= 11585 and 21 < num_seqs <= 79 and 636 < max_seq_len <= 1888:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 45: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill
+    if 5792 < total_seq_len <= 11585 and num_seqs > 79 and max_seq_len <= 78:
+        return 'cuda_prefill_staged.r64s4'
+    # region 46: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 5792 and 5 < num_seqs <= 11 and mean_seq_len > 245 and 1336 < max_seq_len <= 3029:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 5 < num_seqs <= 21 and mean_seq_len > 245 and max_seq_len > 3029:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 48: 2 workloads, 1.69x (1.61x .. 1.77x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 5792 and 11 < num_seqs <= 21 and mean_seq_len > 245 and 1336 < max_seq_len <= 3029:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 49: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 5792 and 79 < num_seqs <= 181 and 78 < max_seq_len <= 128:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 50: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and num_seqs > 181 and 78 < max_seq_len <= 128:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 54: 1 workloads, 1.77x (1.77x .. 1.77x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 9553 and 5 < num_seqs <= 40 and 1659 < max_seq_len <= 3029:
-        return 'cuda_prefill_staged.r64s4'
-    # region 56: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and num_seqs <= 5 and max_seq_len > 3547:
+    # region 52: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and num_seqs <= 1 and mean_seq_len > 2896 and max_seq_len > 3545:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
-    # region 58: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and num_seqs > 136 and 6968 < max_seq_len <= 11024:
+    # region 53: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and 21 < num_seqs <= 79 and 636 < max_seq_len <= 962:
+        return 'flashinfer_direct'
+    # region 56: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23170 and num_seqs > 192 and max_seq_len > 6968:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 59: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and num_seqs > 136 and max_seq_len > 11024:
-        return ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 9.80x (8.82x .. 10.89x) over vllm_flashinfer_prefill
-    if total_seq_len <= 54 and 31 < max_seq_len <= 45:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 2: 10 workloads, 5.20x (2.91x .. 10.23x) over vllm_flashinfer_prefill
-    if total_seq_len <= 158 and 45 < max_seq_len <= 117:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 1 workloads, 5.07x (5.07x .. 5.07x) over vllm_flashinfer_prefill
-    if total_seq_len <= 158 and 117 < max_seq_len <= 1023:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 4: 6 workloads, 7.90x (2.41x .. 15.83x) over vllm_flashinfer_prefill
+    # region 1: 12 workloads, 8.99x (7.11x .. 13.92x) over vllm_flashinfer_prefill
+    if total_seq_len <= 101 and 4 < max_seq_len <= 26:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 8 workloads, 7.44x (3.70x .. 11.32x) over vllm_flashinfer_prefill
+    if total_seq_len <= 101 and 26 < max_seq_len <= 225:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 9 workloads, 8.28x (2.41x .. 15.83x) over vllm_flashinfer_prefill
     if total_seq_len <= 374 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 11 workloads, 7.40x (2.68x .. 14.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 374 and 4 < max_seq_len <= 31:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 3 workloads, 2.36x (2.00x .. 2.85x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and 11 < num_seqs <= 181 and 1023 < max_seq_len <= 2000:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r32s4'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 5792 and num_seqs > 22 and 2000 < max_seq_len <= 4090:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 3 workloads, 1.83x (1.79x .. 1.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 16627 and num_seqs > 22 and max_seq_len > 4090:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 9: 6 workloads, 4.73x (2.86x .. 6.87x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and mean_seq_len <= 2450 and 1023 < max_seq_len <= 4090:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p4'
-    # region 10: 4 workloads, 2.76x (2.03x .. 3.35x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and 4090 < max_seq_len <= 11584:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 4 workloads, 4.82x (2.87x .. 7.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and 225 < max_seq_len <= 251:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 1 workloads, 4.99x (4.99x .. 4.99x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and 251 < max_seq_len <= 1023:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 1 workloads, 6.20x (6.20x .. 6.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs <= 5 and mean_seq_len <= 8208 and 1023 < max_seq_len <= 1336:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p8'
+    # region 7: 3 workloads, 4.39x (3.34x .. 6.71x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs <= 5 and mean_seq_len <= 8208 and 1336 < max_seq_len <= 2450:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p8'
+    # region 8: 5 workloads, 3.49x (2.32x .. 5.16x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and mean_seq_len <= 8208 and 2450 < max_seq_len <= 8191:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 11: 3 workloads, 1.72x (1.43x .. 2.10x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and max_seq_len > 11584:
-        return 'cuda_prefill_cp.p16'
-    # region 12: 2 workloads, 5.00x (4.71x .. 5.32x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and mean_seq_len > 2450 and 1023 < max_seq_len <= 4090:
-        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
-    # region 13: 2 workloads, 5.43x (4.89x .. 6.03x) over vllm_flashinfer_prefill
+    # region 9: 1 workloads, 2.41x (2.41x .. 2.41x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and mean_seq_len <= 8208 and max_seq_len > 8191:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
+    # region 10: 1 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and mean_seq_len > 8208 and 1023 < max_seq_len <= 18808:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
+    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 5 and mean_seq_len > 8208 and max_seq_len > 18808:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 2 workloads, 5.24x (5.06x .. 5.43x) over vllm_flashinfer_prefill
     if 5 < num_seqs <= 11 and 1023 < max_seq_len <= 1914:
         return ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 14: 1 workloads, 2.35x (2.35x .. 2.35x) over vllm_flashinfer_prefill
-    if 5 < num_seqs <= 11 and 1914 < max_seq_len <= 4090:
+    # region 13: 1 workloads, 2.35x (2.35x .. 2.35x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 11 and 1914 < max_seq_len <= 4092:
         return ('flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 15: 1 workloads, 2.18x (2.18x .. 2.18x) over vllm_flashinfer_prefill's guarded call
-    if 5 < num_seqs <= 11 and max_seq_len > 4090:
-        return 'cuda_prefill_staged.r32s4'
-    # region 16: 1 workloads, 2.24x (2.24x .. 2.24x) over vllm_flashinfer_prefill
-    if 11 < num_seqs <= 22 and 2000 < max_seq_len <= 7658:
-        return 'cuda_prefill_staged.r32s4'
-    # region 18: 1 workloads, 2.45x (2.45x .. 2.45x) over vllm_flashinfer_prefill
-    if num_seqs > 181 and 1023 < max_seq_len <= 2000:
+    # region 14: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 5 < num_seqs <= 11 and max_seq_len > 4092:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 15: 3 workloads, 2.32x (1.69x .. 3.28x) over vllm_flashinfer_prefill
+    if 11 < num_seqs <= 45 and mean_seq_len <= 362 and max_seq_len > 1023:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 16: 2 workloads, 2.73x (2.71x .. 2.76x) over vllm_flashinfer_prefill
+    if 11 < num_seqs <= 45 and mean_seq_len > 362 and 1023 < max_seq_len <= 5420:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 11 < num_seqs <= 45 and mean_seq_len > 362 and max_seq_len > 5420:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 3 workloads, 1.97x (1.58x .. 2.39x) over vllm_flashinfer_prefill
+    if num_seqs > 45 and mean_seq_len <= 90 and max_seq_len > 1023:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 4 workloads, 8.95x (5.97x .. 12.82x) over vllm_flashinfer_prefill
-    if 54 < total_seq_len <= 374 and 31 < max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 20: 5 workloads, 6.78x (4.08x .. 10.71x) over vllm_flashinfer_prefill
-    if 158 < total_seq_len <= 374 and 45 < max_seq_len <= 157:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 21: 8 workloads, 5.85x (4.13x .. 8.99x) over vllm_flashinfer_prefill
-    if 158 < total_seq_len <= 374 and 157 < max_seq_len <= 1023:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 2 workloads, 4.99x (4.76x .. 5.23x) over vllm_flashinfer_prefill
-    if total_seq_len > 374 and num_seqs <= 5 and 711 < max_seq_len <= 1023:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p4'
-    # region 23: 8 workloads, 3.85x (1.71x .. 5.34x) over vllm_flashinfer_prefill
-    if total_seq_len > 374 and num_seqs <= 35 and mean_seq_len <= 45 and max_seq_len <= 711:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 24: 27 workloads, 6.26x (1.87x .. 12.16x) over vllm_flashinfer_prefill
-    if total_seq_len > 374 and num_seqs <= 35 and mean_seq_len > 45 and max_seq_len <= 711:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 7 workloads, 4.03x (2.50x .. 6.96x) over vllm_flashinfer_prefill
-    if total_seq_len > 374 and num_seqs > 5 and 711 < max_seq_len <= 1023:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 26: 5 workloads, 3.09x (2.40x .. 4.00x) over vllm_flashinfer_prefill
-    if total_seq_len > 374 and num_seqs > 35 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 18 workloads, 2.75x (1.83x .. 5.32x) over vllm_flashinfer_prefill
-    if total_seq_len > 374 and num_seqs > 35 and 8 < max_seq_len <= 711:
+    # region 19: 2 workloads, 1.71x (1.32x .. 2.20x) over vllm_flashinfer_prefill
+    if num_seqs > 45 and mean_seq_len > 90 and 1023 < max_seq_len <= 16352:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 2 workloads, 2.93x (2.22x .. 3.86x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and 11 < num_seqs <= 181 and 1023 < max_seq_len <= 2000:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 5792 and num_seqs > 22 and 2000 < max_seq_len <= 4090:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 30: 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill
-    if total_seq_len > 16627 and num_seqs > 22 and mean_seq_len <= 209 and 4090 < max_seq_len <= 23080:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 16627 and num_seqs > 22 and mean_seq_len > 209 and 4090 < max_seq_len <= 23080:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 21: 16 workloads, 5.62x (2.68x .. 14.08x) over vllm_flashinfer_prefill
+    if 101 < total_seq_len <= 374 and 4 < max_seq_len <= 105:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 22: 9 workloads, 4.96x (2.58x .. 8.23x) over vllm_flashinfer_prefill
+    if 101 < total_seq_len <= 374 and 105 < max_seq_len <= 225:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 6 workloads, 3.98x (2.20x .. 7.11x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 1448 and 12 < max_seq_len <= 35:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 24: 6 workloads, 2.93x (2.27x .. 4.00x) over vllm_flashinfer_prefill
+    if total_seq_len > 374 and max_seq_len <= 12:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 53 workloads, 4.25x (1.77x .. 9.46x) over vllm_flashinfer_prefill
+    if total_seq_len > 374 and 35 < max_seq_len <= 1023:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 1 workloads, 6.22x (6.22x .. 6.22x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs <= 5 and mean_seq_len <= 8208 and 1023 < max_seq_len <= 1336:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p4'
+    # region 27: 2 workloads, 2.64x (1.61x .. 4.32x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and 12 < max_seq_len <= 35:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 28: 1 workloads, 4.20x (4.20x .. 4.20x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs <= 5 and mean_seq_len <= 8208 and 1336 < max_seq_len <= 2450:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p4'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 803 < total_seq_len <= 4833 and 11 < num_seqs <= 40 and max_seq_len > 1091:  # region 33
+    if 21 < num_seqs <= 79 and max_seq_len > 1888:  # region 23
         return True
-    if total_seq_len > 1448 and num_seqs > 136 and 302 < max_seq_len <= 6968:  # region 36
+    if total_seq_len > 1448 and num_seqs > 192 and 128 < max_seq_len <= 6968:  # region 30
         return True
-    if total_seq_len > 2896 and 40 < num_seqs <= 99 and mean_seq_len <= 362 and max_seq_len > 2896:  # region 38
+    if 1874 < total_seq_len <= 11585 and num_seqs <= 1 and mean_seq_len > 2896 and max_seq_len > 3545:  # region 32
         return True
-    if total_seq_len > 2896 and num_seqs > 136 and 128 < max_seq_len <= 302:  # region 40
+    if 2896 < total_seq_len <= 5792 and 5 < num_seqs <= 21 and mean_seq_len > 245 and 1336 < max_seq_len <= 2142:  # region 40
         return True
-    if 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 22 and 1659 < max_seq_len <= 3029:  # region 41
+    if total_seq_len > 2896 and 79 < num_seqs <= 192 and max_seq_len > 11024:  # region 43
         return True
-    if 4833 < total_seq_len <= 9553 and 22 < num_seqs <= 40 and 1659 < max_seq_len <= 5418:  # region 43
+    if total_seq_len > 5792 and 5 < num_seqs <= 11 and mean_seq_len > 245 and 1336 < max_seq_len <= 3029:  # region 46
         return True
-    if 4833 < total_seq_len <= 11585 and num_seqs <= 5 and max_seq_len > 3547:  # region 45
-        return True
-    if total_seq_len > 9553 and 5 < num_seqs <= 40 and 1659 < max_seq_len <= 3029:  # region 54
-        return True
-    return False
-
-
-def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 5 < num_seqs <= 11 and max_seq_len > 4090:  # region 15
+    if total_seq_len > 5792 and 11 < num_seqs <= 21 and mean_seq_len > 245 and 1336 < max_seq_len <= 3029:  # region 48
         return True
     return False

@@ -6,28 +6,28 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-02T06:47:52Z
-# workloads   144 (workload-set digest 4ae7ecbdaeaa925e)
+# measured    up to 2026-12-02T13:05:57Z
+# workloads   156 (workload-set digest 68659784bab68377)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  144/144  1.00x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  156/156  1.00x
 #   cuda_prefill_cp.p16             5365a24a414126be  13/13  0.83x
 #   cuda_prefill_cp.p4              b5f7f39fe567fb38  13/13  1.04x
 #   cuda_prefill_cp.p8              75eecedfbb97bedf  13/13  0.99x
-#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  81/137  0.89x  [56 screened out]
-#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  79/137  0.89x  [58 screened out]
-#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  84/137  0.87x  [53 screened out]
-#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  85/137  0.90x  [52 screened out]
-#   cuda_prefill_staged.r32s4       0ec7dd6cd6a9712e  142/144  1.55x  [2 screened out]
-#   cuda_prefill_staged.r64s4       fec9b569b24a1594  140/144  1.58x  [4 screened out]
-#   flashinfer_direct               755eb6578bd0a1f3  142/144  1.42x  [2 screened out]
+#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  93/149  1.15x  [56 screened out]
+#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  91/149  1.13x  [58 screened out]
+#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  96/149  1.12x  [53 screened out]
+#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  97/149  1.15x  [52 screened out]
+#   cuda_prefill_staged.r32s4       0ec7dd6cd6a9712e  154/156  1.72x  [2 screened out]
+#   cuda_prefill_staged.r64s4       fec9b569b24a1594  152/156  1.75x  [4 screened out]
+#   flashinfer_direct               755eb6578bd0a1f3  154/156  1.56x  [2 screened out]
 #   flashqla_chunk                  5e5c152ba7fedf0f  0/0  -
-#   triton_prefill_chunked.v64      91b329a0e287a87d  105/144  0.88x  [39 screened out]
-#   triton_prefill_fused.c16v32     6adb950fad8337e7  120/144  0.98x  [24 screened out]
-#   triton_prefill_fused.c16v64     c51d19b31b74e07c  123/144  1.03x  [21 screened out]
-#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  141/144  1.06x  [3 screened out]
-#   triton_prefill_staged.c16v64    71c60215ec2efc08  139/144  1.07x  [5 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  142/144  1.41x  [2 screened out]
+#   triton_prefill_chunked.v64      91b329a0e287a87d  109/156  0.91x  [47 screened out]
+#   triton_prefill_fused.c16v32     6adb950fad8337e7  132/156  1.17x  [24 screened out]
+#   triton_prefill_fused.c16v64     c51d19b31b74e07c  135/156  1.21x  [21 screened out]
+#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  153/156  1.18x  [3 screened out]
+#   triton_prefill_staged.c16v64    71c60215ec2efc08  151/156  1.20x  [5 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  154/156  1.55x  [2 screened out]
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_cp.p16             segments=16
 #   cuda_prefill_cp.p4              segments=4
@@ -49,56 +49,56 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 7.04% mean, 199.25% max;
-#             1.317x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 15.94% mean, 370.43% max;
-#             3.265x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 6.73% mean, 199.25% max;
+#             1.379x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.77% mean, 220.85% max;
+#             3.107x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 3505 and num_seqs <= 9 and mean_seq_len > 540: cuda_prefill_cp.p4, 5 workloads, 1.30x (1.12x .. 1.47x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   2. num_seqs <= 9 and mean_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 5 workloads, 5.61x (1.36x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. num_seqs <= 9 and 8 < mean_seq_len <= 540: cuda_prefill_staged.r32s4, 46 workloads, 3.16x (1.06x .. 5.75x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 22 and num_seqs <= 9 and mean_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.73x (7.31x .. 9.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   2. total_seq_len <= 22 and num_seqs <= 9 and 3 < mean_seq_len <= 540: cuda_prefill_pool_rows.k16c8, 6 workloads, 7.63x (6.16x .. 8.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   3. total_seq_len <= 3505 and num_seqs <= 9 and mean_seq_len > 540: cuda_prefill_cp.p4, 5 workloads, 1.30x (1.12x .. 1.47x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
 #   4. num_seqs > 9 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 51 workloads, 1.27x (1.04x .. 1.63x) over vllm_flashinfer_prefill
 #   5. num_seqs > 9 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   6. total_seq_len > 3505 and num_seqs <= 9 and mean_seq_len > 540: vllm_flashinfer_prefill (baseline), 15 workloads
+#   6. 22 < total_seq_len <= 35 and num_seqs <= 9 and mean_seq_len <= 540: triton_prefill_fused.c16v32, 7 workloads, 6.15x (4.53x .. 7.40x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
+#   7. total_seq_len > 35 and num_seqs <= 9 and mean_seq_len <= 540: cuda_prefill_staged.r32s4, 46 workloads, 3.08x (1.06x .. 5.75x) over vllm_flashinfer_prefill
+#   8. total_seq_len > 3505 and num_seqs <= 9 and mean_seq_len > 540: vllm_flashinfer_prefill (baseline), 15 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 23 and num_seqs <= 5 and mean_seq_len <= 2508: cuda_prefill_pool_rows.k8c8, 4 workloads, 11.53x (8.51x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 74 and 5 < num_seqs <= 17: cuda_prefill_staged.r32s4, 4 workloads, 4.77x (3.78x .. 6.52x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   3. total_seq_len <= 181 and num_seqs > 17: cuda_prefill_pool_rows.k4c8, 5 workloads, 3.53x (3.04x .. 4.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 12405 and num_seqs <= 5 and mean_seq_len > 2508: cuda_prefill_cp.p8, 4 workloads, 2.23x (1.42x .. 4.54x) over vllm_flashinfer_prefill
-#   5. 23 < total_seq_len <= 75 and num_seqs <= 5 and mean_seq_len <= 2508: cuda_prefill_staged.r32s4, 5 workloads, 10.62x (8.26x .. 12.73x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   6. 74 < total_seq_len <= 181 and 5 < num_seqs <= 17: cuda_prefill_pool_rows.k8c8, 6 workloads, 4.30x (2.91x .. 7.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct
-#   7. total_seq_len > 75 and num_seqs <= 5 and mean_seq_len <= 86: cuda_prefill_staged.r64s4, 6 workloads, 8.80x (5.18x .. 12.46x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len > 75 and num_seqs <= 5 and 86 < mean_seq_len <= 2508: cuda_prefill_staged.r32s4, 28 workloads, 6.45x (1.91x .. 13.84x) over vllm_flashinfer_prefill
-#   9. total_seq_len > 181 and 5 < num_seqs <= 147 and mean_seq_len <= 30: cuda_prefill_staged.r32s4, 18 workloads, 3.59x (2.22x .. 6.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, flashinfer_direct
-#   10. total_seq_len > 181 and num_seqs > 5 and 30 < mean_seq_len <= 683: cuda_prefill_staged.r64s4, 47 workloads, 3.38x (1.42x .. 10.55x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   11. total_seq_len > 181 and num_seqs > 5 and mean_seq_len > 683: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   12. total_seq_len > 181 and num_seqs > 147 and mean_seq_len <= 30: cuda_prefill_staged.r64s4, 10 workloads, 2.64x (1.98x .. 3.30x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   13. total_seq_len > 12405 and num_seqs <= 5 and mean_seq_len > 2508: vllm_flashinfer_prefill (baseline), 3 workloads
+#   1. total_seq_len <= 78 and mean_seq_len <= 19: cuda_prefill_pool_rows.k8c8, 25 workloads, 7.17x (2.99x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   2. total_seq_len <= 78 and 19 < mean_seq_len <= 237: cuda_prefill_staged.r32s4, 2 workloads, 8.26x (6.91x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 2733 and 237 < mean_seq_len <= 1254: cuda_prefill_staged.r32s4, 16 workloads, 5.73x (3.46x .. 9.70x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 2733 and mean_seq_len > 1254: cuda_prefill_cp.p8, 2 workloads, 4.83x (4.27x .. 5.47x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. 78 < total_seq_len <= 172 and mean_seq_len <= 237: cuda_prefill_pool_rows.k8c8, 14 workloads, 5.23x (2.87x .. 10.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   6. 172 < total_seq_len <= 2733 and mean_seq_len <= 237: cuda_prefill_staged.r64s4, 65 workloads, 3.70x (1.67x .. 10.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   7. 2733 < total_seq_len <= 5792 and num_seqs <= 3: cuda_prefill_cp.p4, 2 workloads, 1.88x (1.68x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16
+#   8. total_seq_len > 2733 and 3 < num_seqs <= 7: cuda_prefill_staged.r32s4, 6 workloads, 2.71x (2.03x .. 3.65x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 2733 and num_seqs > 7 and mean_seq_len <= 460: cuda_prefill_staged.r64s4, 12 workloads, 2.05x (1.40x .. 3.11x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   10. total_seq_len > 2733 and num_seqs > 7 and mean_seq_len > 460: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
+#   11. total_seq_len > 5792 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 5 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (540, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 3505)}, 'workloads': 5, 'speedup': (1.12, 1.3, 1.47), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (None, 9)}, 'workloads': 5, 'speedup': (1.36, 5.61, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (8, 540), 'num_seqs': (None, 9)}, 'workloads': 46, 'speedup': (1.06, 3.16, 5.75), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (None, 9), 'total_seq_len': (None, 22)}, 'workloads': 4, 'speedup': (7.31, 8.73, 9.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (3, 540), 'num_seqs': (None, 9), 'total_seq_len': (None, 22)}, 'workloads': 6, 'speedup': (6.16, 7.63, 8.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (540, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 3505)}, 'workloads': 5, 'speedup': (1.12, 1.3, 1.47), 'fallbacks': ('cuda_prefill_cp.p8',)},
     {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (9, None)}, 'workloads': 51, 'speedup': (1.04, 1.27, 1.63), 'fallbacks': ()},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (9, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (540, None), 'num_seqs': (None, 9), 'total_seq_len': (3505, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 9), 'total_seq_len': (22, 35)}, 'workloads': 7, 'speedup': (4.53, 6.15, 7.4), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 9), 'total_seq_len': (35, None)}, 'workloads': 46, 'speedup': (1.06, 3.08, 5.75), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (540, None), 'num_seqs': (None, 9), 'total_seq_len': (3505, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2508), 'num_seqs': (None, 5), 'total_seq_len': (None, 23)}, 'workloads': 4, 'speedup': (8.51, 11.53, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (5, 17), 'total_seq_len': (None, 74)}, 'workloads': 4, 'speedup': (3.78, 4.77, 6.52), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 181)}, 'workloads': 5, 'speedup': (3.04, 3.53, 4.41), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (2508, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 12405)}, 'workloads': 4, 'speedup': (1.42, 2.23, 4.54), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 2508), 'num_seqs': (None, 5), 'total_seq_len': (23, 75)}, 'workloads': 5, 'speedup': (8.26, 10.62, 12.73), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (5, 17), 'total_seq_len': (74, 181)}, 'workloads': 6, 'speedup': (2.91, 4.3, 7.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 86), 'num_seqs': (None, 5), 'total_seq_len': (75, None)}, 'workloads': 6, 'speedup': (5.18, 8.8, 12.46), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (86, 2508), 'num_seqs': (None, 5), 'total_seq_len': (75, None)}, 'workloads': 28, 'speedup': (1.91, 6.45, 13.84), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (5, 147), 'total_seq_len': (181, None)}, 'workloads': 18, 'speedup': (2.22, 3.59, 6.62), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (30, 683), 'num_seqs': (5, None), 'total_seq_len': (181, None)}, 'workloads': 47, 'speedup': (1.42, 3.38, 10.55), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (683, None), 'num_seqs': (5, None), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (147, None), 'total_seq_len': (181, None)}, 'workloads': 10, 'speedup': (1.98, 2.64, 3.3), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2508, None), 'num_seqs': (None, 5), 'total_seq_len': (12405, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 19), 'total_seq_len': (None, 78)}, 'workloads': 25, 'speedup': (2.99, 7.17, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (19, 237), 'total_seq_len': (None, 78)}, 'workloads': 2, 'speedup': (6.91, 8.26, 9.88), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (237, 1254), 'total_seq_len': (None, 2733)}, 'workloads': 16, 'speedup': (3.46, 5.73, 9.7), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1254, None), 'total_seq_len': (None, 2733)}, 'workloads': 2, 'speedup': (4.27, 4.83, 5.47), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 237), 'total_seq_len': (78, 172)}, 'workloads': 14, 'speedup': (2.87, 5.23, 10.75), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 237), 'total_seq_len': (172, 2733)}, 'workloads': 65, 'speedup': (1.67, 3.7, 10.5), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (2733, 5792)}, 'workloads': 2, 'speedup': (1.68, 1.88, 2.1), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (3, 7), 'total_seq_len': (2733, None)}, 'workloads': 6, 'speedup': (2.03, 2.71, 3.65), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 460), 'num_seqs': (7, None), 'total_seq_len': (2733, None)}, 'workloads': 12, 'speedup': (1.4, 2.05, 3.11), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (460, None), 'num_seqs': (7, None), 'total_seq_len': (2733, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (5792, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -107,95 +107,95 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 1.30x (1.12x .. 1.47x) over vllm_flashinfer_prefill
+    # region 1: 4 workloads, 8.73x (7.31x .. 9.77x) over vllm_flashinfer_prefill
+    if total_seq_len <= 22 and num_seqs <= 9 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 6 workloads, 7.63x (6.16x .. 8.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 22 and num_seqs <= 9 and 3 < mean_seq_len <= 540:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 5 workloads, 1.30x (1.12x .. 1.47x) over vllm_flashinfer_prefill
     if total_seq_len <= 3505 and num_seqs <= 9 and mean_seq_len > 540:
         return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
-    # region 2: 5 workloads, 5.61x (1.36x .. 8.73x) over vllm_flashinfer_prefill
-    if num_seqs <= 9 and mean_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 46 workloads, 3.16x (1.06x .. 5.75x) over vllm_flashinfer_prefill
-    if num_seqs <= 9 and 8 < mean_seq_len <= 540:
-        return 'cuda_prefill_staged.r32s4'
     # region 4: 51 workloads, 1.27x (1.04x .. 1.63x) over vllm_flashinfer_prefill
     if num_seqs > 9 and mean_seq_len <= 45:
         return 'cuda_prefill_staged.r64s4'
     # region 5: 22 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 9 and mean_seq_len > 45:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 6: 7 workloads, 6.15x (4.53x .. 7.40x) over vllm_flashinfer_prefill
+    if 22 < total_seq_len <= 35 and num_seqs <= 9 and mean_seq_len <= 540:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 46 workloads, 3.08x (1.06x .. 5.75x) over vllm_flashinfer_prefill
+    if total_seq_len > 35 and num_seqs <= 9 and mean_seq_len <= 540:
+        return 'cuda_prefill_staged.r32s4'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 11.53x (8.51x .. 15.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 23 and num_seqs <= 5 and mean_seq_len <= 2508:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 4 workloads, 4.77x (3.78x .. 6.52x) over vllm_flashinfer_prefill
-    if total_seq_len <= 74 and 5 < num_seqs <= 17:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 3: 5 workloads, 3.53x (3.04x .. 4.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 17:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 4 workloads, 2.23x (1.42x .. 4.54x) over vllm_flashinfer_prefill
-    if total_seq_len <= 12405 and num_seqs <= 5 and mean_seq_len > 2508:
-        return 'cuda_prefill_cp.p8'
-    # region 5: 5 workloads, 10.62x (8.26x .. 12.73x) over vllm_flashinfer_prefill
-    if 23 < total_seq_len <= 75 and num_seqs <= 5 and mean_seq_len <= 2508:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 6 workloads, 4.30x (2.91x .. 7.03x) over vllm_flashinfer_prefill
-    if 74 < total_seq_len <= 181 and 5 < num_seqs <= 17:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 6 workloads, 8.80x (5.18x .. 12.46x) over vllm_flashinfer_prefill
-    if total_seq_len > 75 and num_seqs <= 5 and mean_seq_len <= 86:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 28 workloads, 6.45x (1.91x .. 13.84x) over vllm_flashinfer_prefill
-    if total_seq_len > 75 and num_seqs <= 5 and 86 < mean_seq_len <= 2508:
-        return 'cuda_prefill_staged.r32s4'
-    # region 9: 18 workloads, 3.59x (2.22x .. 6.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 5 < num_seqs <= 147 and mean_seq_len <= 30:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 10: 47 workloads, 3.38x (1.42x .. 10.55x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs > 5 and 30 < mean_seq_len <= 683:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 181 and num_seqs > 5 and mean_seq_len > 683:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 10 workloads, 2.64x (1.98x .. 3.30x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs > 147 and mean_seq_len <= 30:
+    # region 1: 25 workloads, 7.17x (2.99x .. 15.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 78 and mean_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 2 workloads, 8.26x (6.91x .. 9.88x) over vllm_flashinfer_prefill
+    if total_seq_len <= 78 and 19 < mean_seq_len <= 237:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 3: 16 workloads, 5.73x (3.46x .. 9.70x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2733 and 237 < mean_seq_len <= 1254:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 4: 2 workloads, 4.83x (4.27x .. 5.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2733 and mean_seq_len > 1254:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p8'
+    # region 5: 14 workloads, 5.23x (2.87x .. 10.75x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 172 and mean_seq_len <= 237:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 65 workloads, 3.70x (1.67x .. 10.50x) over vllm_flashinfer_prefill
+    if 172 < total_seq_len <= 2733 and mean_seq_len <= 237:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 2 workloads, 1.88x (1.68x .. 2.10x) over vllm_flashinfer_prefill
+    if 2733 < total_seq_len <= 5792 and num_seqs <= 3:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p4'
+    # region 8: 6 workloads, 2.71x (2.03x .. 3.65x) over vllm_flashinfer_prefill
+    if total_seq_len > 2733 and 3 < num_seqs <= 7:
+        return 'cuda_prefill_staged.r32s4'
+    # region 9: 12 workloads, 2.05x (1.40x .. 3.11x) over vllm_flashinfer_prefill
+    if total_seq_len > 2733 and num_seqs > 7 and mean_seq_len <= 460:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2733 and num_seqs > 7 and mean_seq_len > 460:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2574 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2661 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.27% mean, 199.25% max;
-#             1.312x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.54% mean, 395.20% max;
-#             3.302x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.17% mean, 199.25% max;
+#             1.373x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.61% mean, 121.67% max;
+#             3.328x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and 3 < num_seqs <= 9 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   2. total_seq_len <= 22 and 3 < num_seqs <= 9 and 6 < max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   3. total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.85x (1.52x .. 2.24x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   4. total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and 4 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   5. total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and 11 < max_seq_len <= 314: cuda_prefill_staged.r32s4, 2 workloads, 1.19x (1.18x .. 1.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   6. total_seq_len <= 1475 and num_seqs <= 3 and max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.00x (7.66x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   7. total_seq_len <= 1475 and num_seqs <= 9 and max_seq_len > 10: cuda_prefill_staged.r32s4, 42 workloads, 3.23x (1.18x .. 5.75x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   8. total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len <= 90 and max_seq_len > 314: cuda_prefill_staged.r64s4, 11 workloads, 1.19x (1.07x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   9. total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len > 90 and 314 < max_seq_len <= 756: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   10. total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len > 90 and max_seq_len > 756: cuda_prefill_staged.r32s4, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   11. total_seq_len <= 5792 and 9 < num_seqs <= 45 and mean_seq_len > 45 and max_seq_len <= 314: flashinfer_direct, 6 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   12. total_seq_len <= 5792 and num_seqs > 45 and mean_seq_len > 45 and max_seq_len <= 206: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len <= 5792 and num_seqs > 45 and mean_seq_len > 45 and 206 < max_seq_len <= 314: vllm_flashinfer_prefill (baseline), 0 workloads
-#   14. 22 < total_seq_len <= 1475 and 3 < num_seqs <= 9 and mean_seq_len <= 5 and max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.68x (1.68x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. 22 < total_seq_len <= 1475 and 3 < num_seqs <= 9 and mean_seq_len > 5 and max_seq_len <= 10: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   16. 93 < total_seq_len <= 362 and 9 < num_seqs <= 17 and mean_seq_len <= 45 and max_seq_len <= 314: cuda_prefill_staged.r32s4, 6 workloads, 1.11x (1.06x .. 1.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. total_seq_len > 93 and num_seqs > 17 and mean_seq_len <= 45 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.57x (1.46x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   18. total_seq_len > 93 and num_seqs > 17 and mean_seq_len <= 45 and 6 < max_seq_len <= 314: cuda_prefill_staged.r64s4, 23 workloads, 1.34x (1.14x .. 1.55x) over vllm_flashinfer_prefill
-#   19. total_seq_len > 362 and 9 < num_seqs <= 17 and mean_seq_len <= 45 and max_seq_len <= 314: cuda_prefill_staged.r64s4, 2 workloads, 1.04x (1.04x .. 1.05x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 14 and num_seqs <= 9 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 3 workloads, 7.77x (7.66x .. 7.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   2. total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.85x (1.52x .. 2.24x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   3. total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and 4 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64
+#   4. total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and 11 < max_seq_len <= 314: cuda_prefill_staged.r32s4, 2 workloads, 1.19x (1.18x .. 1.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   5. total_seq_len <= 1475 and num_seqs <= 1 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.73x (8.73x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64
+#   6. total_seq_len <= 1475 and num_seqs <= 5 and mean_seq_len > 5 and 7 < max_seq_len <= 16: triton_prefill_fused.c16v32, 2 workloads, 6.98x (6.86x .. 7.11x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   7. total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 5 and 7 < max_seq_len <= 9: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.31x (7.31x .. 7.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   8. total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 5 and 9 < max_seq_len <= 16: triton_prefill_fused.c16v32, 2 workloads, 7.23x (7.10x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   9. total_seq_len <= 1475 and num_seqs <= 9 and max_seq_len > 16: cuda_prefill_staged.r32s4, 43 workloads, 3.27x (1.18x .. 6.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   10. total_seq_len <= 1475 and 1 < num_seqs <= 9 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 10.30x (10.30x .. 10.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   11. total_seq_len <= 1475 and 5 < num_seqs <= 9 and mean_seq_len > 5 and 7 < max_seq_len <= 16: triton_prefill_fused.c16v64, 1 workloads, 7.05x (7.05x .. 7.05x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k16c8
+#   12. total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len <= 90 and max_seq_len > 314: cuda_prefill_staged.r64s4, 11 workloads, 1.19x (1.07x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   13. total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len > 90 and 314 < max_seq_len <= 756: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   14. total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len > 90 and max_seq_len > 756: cuda_prefill_staged.r32s4, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   15. total_seq_len <= 5792 and 9 < num_seqs <= 45 and mean_seq_len > 45 and max_seq_len <= 314: flashinfer_direct, 6 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   16. total_seq_len <= 5792 and num_seqs > 45 and mean_seq_len > 45 and max_seq_len <= 206: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. total_seq_len <= 5792 and num_seqs > 45 and mean_seq_len > 45 and 206 < max_seq_len <= 314: vllm_flashinfer_prefill (baseline), 0 workloads
+#   18. 14 < total_seq_len <= 1475 and num_seqs <= 9 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 5 workloads, 6.37x (1.68x .. 9.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   19. total_seq_len > 93 and num_seqs > 9 and mean_seq_len <= 45 and max_seq_len <= 314: cuda_prefill_staged.r64s4, 36 workloads, 1.29x (1.04x .. 1.55x) over vllm_flashinfer_prefill
 #   20. 1475 < total_seq_len <= 3505 and num_seqs <= 2 and max_seq_len <= 1380: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_cp.p4
 #   21. 1475 < total_seq_len <= 3505 and num_seqs <= 2 and max_seq_len > 1380: cuda_prefill_cp.p4, 3 workloads, 1.25x (1.12x .. 1.34x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
 #   22. 1475 < total_seq_len <= 3505 and 2 < num_seqs <= 5: cuda_prefill_staged.r32s4, 3 workloads, 1.86x (1.06x .. 2.86x) over vllm_flashinfer_prefill
@@ -218,59 +218,53 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   39. total_seq_len > 5792 and 9 < num_seqs <= 21 and 314 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
 #   40. total_seq_len > 5792 and num_seqs > 9 and mean_seq_len > 45 and max_seq_len <= 314: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 181 and num_seqs > 12 and mean_seq_len <= 502 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.37x (3.12x .. 6.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 181 and num_seqs > 12 and mean_seq_len <= 502 and 4 < max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.21x (3.15x .. 6.97x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   3. total_seq_len <= 267 and num_seqs <= 11 and mean_seq_len <= 502 and 101 < max_seq_len <= 122: cuda_prefill_staged.r64s4, 3 workloads, 7.29x (2.87x .. 12.28x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 267 and num_seqs <= 11 and mean_seq_len <= 502 and max_seq_len > 122: cuda_prefill_staged.r32s4, 7 workloads, 8.42x (5.13x .. 12.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 267 and num_seqs <= 12 and mean_seq_len <= 502 and max_seq_len <= 17: cuda_prefill_pool_rows.k8c8, 7 workloads, 8.78x (2.99x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 267 and mean_seq_len <= 11 and 17 < max_seq_len <= 101: cuda_prefill_staged.r32s4, 3 workloads, 4.69x (4.03x .. 5.52x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 267 and 11 < mean_seq_len <= 502 and 17 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 9 workloads, 8.27x (5.03x .. 12.46x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 267 and 11 < mean_seq_len <= 502 and 64 < max_seq_len <= 101: cuda_prefill_pool_rows.k16c8, 3 workloads, 6.90x (4.27x .. 11.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 267 and num_seqs > 11 and mean_seq_len <= 502 and max_seq_len > 101: cuda_prefill_staged.r32s4, 3 workloads, 3.25x (2.55x .. 4.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, flashinfer_direct
-#   10. total_seq_len <= 2896 and mean_seq_len > 502 and 1127 < max_seq_len <= 2045: cuda_prefill_staged.r32s4, 3 workloads, 5.13x (4.48x .. 5.91x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   11. total_seq_len <= 2896 and mean_seq_len > 502 and 2045 < max_seq_len <= 2597: cuda_prefill_cp.p4, 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, flashinfer_direct
-#   12. total_seq_len <= 6845 and num_seqs <= 2 and mean_seq_len > 502 and max_seq_len > 2597: cuda_prefill_cp.p8, 2 workloads, 3.26x (2.35x .. 4.54x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
-#   13. total_seq_len <= 6845 and mean_seq_len > 502 and max_seq_len <= 1023: cuda_prefill_staged.r32s4, 6 workloads, 6.69x (5.10x .. 9.99x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   14. total_seq_len <= 6845 and mean_seq_len > 502 and 1023 < max_seq_len <= 1127: cuda_prefill_staged.r64s4, 1 workloads, 6.29x (6.29x .. 6.29x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   15. total_seq_len <= 6845 and num_seqs > 2 and mean_seq_len > 502 and max_seq_len > 2597: cuda_prefill_staged.r32s4, 2 workloads, 2.52x (2.24x .. 2.85x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   16. 181 < total_seq_len <= 267 and num_seqs > 12 and mean_seq_len <= 502 and max_seq_len <= 17: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.82x (2.76x .. 5.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 267 < total_seq_len <= 929 and num_seqs <= 46 and mean_seq_len <= 502 and max_seq_len <= 39: cuda_prefill_staged.r64s4, 4 workloads, 5.02x (3.77x .. 6.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   18. 267 < total_seq_len <= 929 and mean_seq_len <= 502 and max_seq_len > 39: cuda_prefill_staged.r32s4, 14 workloads, 5.47x (2.54x .. 9.85x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   19. 267 < total_seq_len <= 929 and 46 < num_seqs <= 90 and mean_seq_len <= 502 and max_seq_len <= 39: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.47x (3.00x .. 4.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. 267 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len <= 502 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.56x (2.07x .. 3.17x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. 267 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len <= 502 and 11 < max_seq_len <= 39: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   22. total_seq_len > 929 and mean_seq_len <= 502: cuda_prefill_staged.r64s4, 47 workloads, 3.13x (1.42x .. 10.55x) over vllm_flashinfer_prefill
-#   23. 2896 < total_seq_len <= 6845 and mean_seq_len > 502 and 1127 < max_seq_len <= 2597: cuda_prefill_staged.r32s4, 1 workloads, 3.37x (3.37x .. 3.37x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   24. 6845 < total_seq_len <= 12872 and num_seqs <= 2 and mean_seq_len > 502: cuda_prefill_cp.p8, 2 workloads, 1.52x (1.42x .. 1.62x) over vllm_flashinfer_prefill
-#   25. total_seq_len > 6845 and 2 < num_seqs <= 11 and mean_seq_len > 502 and max_seq_len <= 3402: cuda_prefill_staged.r32s4, 3 workloads, 4.12x (3.20x .. 4.95x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   26. total_seq_len > 6845 and 2 < num_seqs <= 11 and mean_seq_len > 502 and 3402 < max_seq_len <= 6611: cuda_prefill_staged.r32s4, 1 workloads, 1.92x (1.92x .. 1.92x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   27. total_seq_len > 6845 and 2 < num_seqs <= 11 and mean_seq_len > 502 and max_seq_len > 6611: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   28. total_seq_len > 6845 and num_seqs > 11 and 502 < mean_seq_len <= 724: cuda_prefill_staged.r64s4, 3 workloads, 2.24x (1.94x .. 2.78x) over vllm_flashinfer_prefill
-#   29. total_seq_len > 6845 and num_seqs > 11 and mean_seq_len > 724 and max_seq_len <= 5792: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct
-#   30. total_seq_len > 6845 and num_seqs > 11 and mean_seq_len > 724 and 5792 < max_seq_len <= 16376: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4
-#   31. total_seq_len > 6845 and num_seqs > 11 and mean_seq_len > 724 and max_seq_len > 16376: vllm_flashinfer_prefill (baseline), 0 workloads
-#   32. total_seq_len > 12872 and num_seqs <= 2 and mean_seq_len > 502: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p16, cuda_prefill_cp.p8
+#   1. total_seq_len <= 51 and num_seqs > 8 and mean_seq_len <= 331 and max_seq_len <= 24: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.66x (3.03x .. 4.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 90 and num_seqs <= 8 and mean_seq_len <= 331 and 57 < max_seq_len <= 74: cuda_prefill_staged.r64s4, 2 workloads, 10.11x (10.01x .. 10.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 181 and num_seqs <= 1 and mean_seq_len <= 331 and max_seq_len > 74: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.61x (8.31x .. 11.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 331 and max_seq_len <= 57: cuda_prefill_pool_rows.k8c8, 21 workloads, 8.41x (5.85x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 181 and 1 < num_seqs <= 8 and mean_seq_len <= 331 and max_seq_len > 74: cuda_prefill_staged.r32s4, 3 workloads, 6.15x (3.70x .. 8.84x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 331 and 24 < max_seq_len <= 40: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 331 and max_seq_len > 40: cuda_prefill_staged.r64s4, 3 workloads, 3.74x (2.63x .. 4.67x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   8. total_seq_len <= 3547 and mean_seq_len > 1773: cuda_prefill_cp.p4, 2 workloads, 3.44x (2.10x .. 5.64x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16
+#   9. total_seq_len <= 6845 and 331 < mean_seq_len <= 1773: cuda_prefill_staged.r32s4, 13 workloads, 4.66x (2.52x .. 8.79x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   10. 51 < total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 331 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 4 workloads, 4.65x (3.12x .. 7.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. 51 < total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 331 and 8 < max_seq_len <= 24: cuda_prefill_pool_rows.k4c8, 3 workloads, 3.64x (3.15x .. 4.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32
+#   12. 90 < total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 331 and 57 < max_seq_len <= 74: cuda_prefill_pool_rows.k8c8, 1 workloads, 4.45x (4.45x .. 4.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. 181 < total_seq_len <= 929 and mean_seq_len <= 45 and max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 9 workloads, 3.51x (2.07x .. 5.98x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct
+#   14. 181 < total_seq_len <= 929 and mean_seq_len <= 45 and max_seq_len > 23: cuda_prefill_staged.r64s4, 15 workloads, 3.63x (1.97x .. 5.54x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
+#   15. 181 < total_seq_len <= 929 and 45 < mean_seq_len <= 331 and max_seq_len <= 202: cuda_prefill_staged.r32s4, 7 workloads, 7.28x (4.23x .. 10.65x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. 181 < total_seq_len <= 929 and 45 < mean_seq_len <= 331 and max_seq_len > 202: cuda_prefill_staged.r64s4, 7 workloads, 6.54x (4.37x .. 10.02x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. total_seq_len > 929 and mean_seq_len <= 331: cuda_prefill_staged.r64s4, 45 workloads, 3.02x (1.46x .. 9.88x) over vllm_flashinfer_prefill
+#   18. 3547 < total_seq_len <= 6845 and mean_seq_len > 1773: cuda_prefill_cp.p8, 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   19. 6845 < total_seq_len <= 19714 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len <= 1555: cuda_prefill_staged.r64s4, 3 workloads, 1.86x (1.40x .. 3.00x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. 6845 < total_seq_len <= 23170 and num_seqs > 11 and mean_seq_len > 331 and 1555 < max_seq_len <= 5420: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. 6845 < total_seq_len <= 23170 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len > 5420: cuda_prefill_staged.r32s4, 1 workloads, 2.24x (2.24x .. 2.24x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   22. total_seq_len > 6845 and num_seqs <= 11 and mean_seq_len > 331 and max_seq_len <= 3402: cuda_prefill_staged.r32s4, 3 workloads, 2.97x (2.47x .. 3.65x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   23. total_seq_len > 6845 and num_seqs <= 11 and mean_seq_len > 331 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 8 workloads
+#   24. total_seq_len > 19714 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len <= 1555: flashinfer_direct, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 23170 and num_seqs > 11 and mean_seq_len > 331 and 1555 < max_seq_len <= 11585: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4
+#   26. total_seq_len > 23170 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len > 11585: vllm_flashinfer_prefill (baseline), 0 workloads
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (3, 9), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, 10), 'num_seqs': (3, 9), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (None, 93)}, 'workloads': 2, 'speedup': (1.52, 1.85, 2.24), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 11), 'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (1.75, 1.75, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (11, 314), 'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (None, 93)}, 'workloads': 2, 'speedup': (1.18, 1.19, 1.2), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (None, 3), 'total_seq_len': (None, 1475)}, 'workloads': 4, 'speedup': (7.66, 8.0, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (10, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 42, 'speedup': (1.18, 3.23, 5.75), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (314, None), 'mean_seq_len': (None, 90), 'num_seqs': (9, None), 'total_seq_len': (None, 2896)}, 'workloads': 11, 'speedup': (1.07, 1.19, 1.55), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (314, 756), 'mean_seq_len': (90, None), 'num_seqs': (9, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (756, None), 'mean_seq_len': (90, None), 'num_seqs': (9, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (45, None), 'num_seqs': (9, 45), 'total_seq_len': (None, 5792)}, 'workloads': 6, 'speedup': (1.06, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 206), 'mean_seq_len': (45, None), 'num_seqs': (45, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (206, 314), 'mean_seq_len': (45, None), 'num_seqs': (45, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 5), 'num_seqs': (3, 9), 'total_seq_len': (22, 1475)}, 'workloads': 1, 'speedup': (1.68, 1.68, 1.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (5, None), 'num_seqs': (3, 9), 'total_seq_len': (22, 1475)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (None, 45), 'num_seqs': (9, 17), 'total_seq_len': (93, 362)}, 'workloads': 6, 'speedup': (1.06, 1.11, 1.16), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 45), 'num_seqs': (17, None), 'total_seq_len': (93, None)}, 'workloads': 5, 'speedup': (1.46, 1.57, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (6, 314), 'mean_seq_len': (None, 45), 'num_seqs': (17, None), 'total_seq_len': (93, None)}, 'workloads': 23, 'speedup': (1.14, 1.34, 1.55), 'fallbacks': ()},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (None, 45), 'num_seqs': (9, 17), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.04, 1.04, 1.05), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (None, 9), 'total_seq_len': (None, 14)}, 'workloads': 3, 'speedup': (7.66, 7.77, 7.84), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (None, 93)}, 'workloads': 2, 'speedup': (1.52, 1.85, 2.24), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 11), 'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (1.75, 1.75, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (11, 314), 'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (None, 93)}, 'workloads': 2, 'speedup': (1.18, 1.19, 1.2), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 1), 'total_seq_len': (None, 1475)}, 'workloads': 1, 'speedup': (8.73, 8.73, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 16), 'mean_seq_len': (5, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 1475)}, 'workloads': 2, 'speedup': (6.86, 6.98, 7.11), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (7, 9), 'mean_seq_len': (None, 5), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 1, 'speedup': (7.31, 7.31, 7.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (9, 16), 'mean_seq_len': (None, 5), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 2, 'speedup': (7.1, 7.23, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (16, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 43, 'speedup': (1.18, 3.27, 6.2), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (1, 9), 'total_seq_len': (None, 1475)}, 'workloads': 1, 'speedup': (10.3, 10.3, 10.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (7, 16), 'mean_seq_len': (5, None), 'num_seqs': (5, 9), 'total_seq_len': (None, 1475)}, 'workloads': 1, 'speedup': (7.05, 7.05, 7.05), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (314, None), 'mean_seq_len': (None, 90), 'num_seqs': (9, None), 'total_seq_len': (None, 2896)}, 'workloads': 11, 'speedup': (1.07, 1.19, 1.55), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (314, 756), 'mean_seq_len': (90, None), 'num_seqs': (9, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (756, None), 'mean_seq_len': (90, None), 'num_seqs': (9, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (45, None), 'num_seqs': (9, 45), 'total_seq_len': (None, 5792)}, 'workloads': 6, 'speedup': (1.06, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 206), 'mean_seq_len': (45, None), 'num_seqs': (45, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (206, 314), 'mean_seq_len': (45, None), 'num_seqs': (45, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (None, 9), 'total_seq_len': (14, 1475)}, 'workloads': 5, 'speedup': (1.68, 6.37, 9.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (93, None)}, 'workloads': 36, 'speedup': (1.04, 1.29, 1.55), 'fallbacks': ()},
     {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 1380), 'num_seqs': (None, 2), 'total_seq_len': (1475, 3505)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4')},
     {'region': 21, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1380, None), 'num_seqs': (None, 2), 'total_seq_len': (1475, 3505)}, 'workloads': 3, 'speedup': (1.12, 1.25, 1.34), 'fallbacks': ('cuda_prefill_cp.p8',)},
     {'region': 22, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (2, 5), 'total_seq_len': (1475, 3505)}, 'workloads': 3, 'speedup': (1.06, 1.86, 2.86), 'fallbacks': ()},
@@ -295,38 +289,32 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 502), 'num_seqs': (12, None), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (3.12, 4.37, 6.12), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 17), 'mean_seq_len': (None, 502), 'num_seqs': (12, None), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (3.15, 4.21, 6.97), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (101, 122), 'mean_seq_len': (None, 502), 'num_seqs': (None, 11), 'total_seq_len': (None, 267)}, 'workloads': 3, 'speedup': (2.87, 7.29, 12.28), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (122, None), 'mean_seq_len': (None, 502), 'num_seqs': (None, 11), 'total_seq_len': (None, 267)}, 'workloads': 7, 'speedup': (5.13, 8.42, 12.56), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (None, 502), 'num_seqs': (None, 12), 'total_seq_len': (None, 267)}, 'workloads': 7, 'speedup': (2.99, 8.78, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (17, 101), 'mean_seq_len': (None, 11), 'total_seq_len': (None, 267)}, 'workloads': 3, 'speedup': (4.03, 4.69, 5.52), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (17, 64), 'mean_seq_len': (11, 502), 'total_seq_len': (None, 267)}, 'workloads': 9, 'speedup': (5.03, 8.27, 12.46), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (64, 101), 'mean_seq_len': (11, 502), 'total_seq_len': (None, 267)}, 'workloads': 3, 'speedup': (4.27, 6.9, 11.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (101, None), 'mean_seq_len': (None, 502), 'num_seqs': (11, None), 'total_seq_len': (None, 267)}, 'workloads': 3, 'speedup': (2.55, 3.25, 4.61), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1127, 2045), 'mean_seq_len': (502, None), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (4.48, 5.13, 5.91), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 11, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (2045, 2597), 'mean_seq_len': (502, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (5.94, 5.94, 5.94), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'flashinfer_direct')},
-    {'region': 12, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2597, None), 'mean_seq_len': (502, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 6845)}, 'workloads': 2, 'speedup': (2.35, 3.26, 4.54), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 1023), 'mean_seq_len': (502, None), 'total_seq_len': (None, 6845)}, 'workloads': 6, 'speedup': (5.1, 6.69, 9.99), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1023, 1127), 'mean_seq_len': (502, None), 'total_seq_len': (None, 6845)}, 'workloads': 1, 'speedup': (6.29, 6.29, 6.29), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2597, None), 'mean_seq_len': (502, None), 'num_seqs': (2, None), 'total_seq_len': (None, 6845)}, 'workloads': 2, 'speedup': (2.24, 2.52, 2.85), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (None, 502), 'num_seqs': (12, None), 'total_seq_len': (181, 267)}, 'workloads': 3, 'speedup': (2.76, 3.82, 5.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (None, 502), 'num_seqs': (None, 46), 'total_seq_len': (267, 929)}, 'workloads': 4, 'speedup': (3.77, 5.02, 6.14), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (None, 502), 'total_seq_len': (267, 929)}, 'workloads': 14, 'speedup': (2.54, 5.47, 9.85), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (None, 502), 'num_seqs': (46, 90), 'total_seq_len': (267, 929)}, 'workloads': 2, 'speedup': (3.0, 3.47, 4.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 502), 'num_seqs': (90, None), 'total_seq_len': (267, 929)}, 'workloads': 2, 'speedup': (2.07, 2.56, 3.17), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (11, 39), 'mean_seq_len': (None, 502), 'num_seqs': (90, None), 'total_seq_len': (267, 929)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 502), 'total_seq_len': (929, None)}, 'workloads': 47, 'speedup': (1.42, 3.13, 10.55), 'fallbacks': ()},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1127, 2597), 'mean_seq_len': (502, None), 'total_seq_len': (2896, 6845)}, 'workloads': 1, 'speedup': (3.37, 3.37, 3.37), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 24, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (502, None), 'num_seqs': (None, 2), 'total_seq_len': (6845, 12872)}, 'workloads': 2, 'speedup': (1.42, 1.52, 1.62), 'fallbacks': ()},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 3402), 'mean_seq_len': (502, None), 'num_seqs': (2, 11), 'total_seq_len': (6845, None)}, 'workloads': 3, 'speedup': (3.2, 4.12, 4.95), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (3402, 6611), 'mean_seq_len': (502, None), 'num_seqs': (2, 11), 'total_seq_len': (6845, None)}, 'workloads': 1, 'speedup': (1.92, 1.92, 1.92), 'fallbacks': (), 'hand_back': True},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (6611, None), 'mean_seq_len': (502, None), 'num_seqs': (2, 11), 'total_seq_len': (6845, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (502, 724), 'num_seqs': (11, None), 'total_seq_len': (6845, None)}, 'workloads': 3, 'speedup': (1.94, 2.24, 2.78), 'fallbacks': ()},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 5792), 'mean_seq_len': (724, None), 'num_seqs': (11, None), 'total_seq_len': (6845, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 30, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (5792, 16376), 'mean_seq_len': (724, None), 'num_seqs': (11, None), 'total_seq_len': (6845, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16376, None), 'mean_seq_len': (724, None), 'num_seqs': (11, None), 'total_seq_len': (6845, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (502, None), 'num_seqs': (None, 2), 'total_seq_len': (12872, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 24), 'mean_seq_len': (None, 331), 'num_seqs': (8, None), 'total_seq_len': (None, 51)}, 'workloads': 2, 'speedup': (3.03, 3.66, 4.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (57, 74), 'mean_seq_len': (None, 331), 'num_seqs': (None, 8), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (10.01, 10.11, 10.2), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (74, None), 'mean_seq_len': (None, 331), 'num_seqs': (None, 1), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (8.31, 9.61, 11.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 57), 'mean_seq_len': (None, 331), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 21, 'speedup': (5.85, 8.41, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (74, None), 'mean_seq_len': (None, 331), 'num_seqs': (1, 8), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (3.7, 6.15, 8.84), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (24, 40), 'mean_seq_len': (None, 331), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (None, 331), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (2.63, 3.74, 4.67), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (1773, None), 'total_seq_len': (None, 3547)}, 'workloads': 2, 'speedup': (2.1, 3.44, 5.64), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (331, 1773), 'total_seq_len': (None, 6845)}, 'workloads': 13, 'speedup': (2.52, 4.66, 8.79), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 331), 'num_seqs': (8, None), 'total_seq_len': (51, 181)}, 'workloads': 4, 'speedup': (3.12, 4.65, 7.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, 24), 'mean_seq_len': (None, 331), 'num_seqs': (8, None), 'total_seq_len': (51, 181)}, 'workloads': 3, 'speedup': (3.15, 3.64, 4.22), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (57, 74), 'mean_seq_len': (None, 331), 'num_seqs': (None, 8), 'total_seq_len': (90, 181)}, 'workloads': 1, 'speedup': (4.45, 4.45, 4.45), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (None, 45), 'total_seq_len': (181, 929)}, 'workloads': 9, 'speedup': (2.07, 3.51, 5.98), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (None, 45), 'total_seq_len': (181, 929)}, 'workloads': 15, 'speedup': (1.97, 3.63, 5.54), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 202), 'mean_seq_len': (45, 331), 'total_seq_len': (181, 929)}, 'workloads': 7, 'speedup': (4.23, 7.28, 10.65), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (202, None), 'mean_seq_len': (45, 331), 'total_seq_len': (181, 929)}, 'workloads': 7, 'speedup': (4.37, 6.54, 10.02), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 331), 'total_seq_len': (929, None)}, 'workloads': 45, 'speedup': (1.46, 3.02, 9.88), 'fallbacks': ()},
+    {'region': 18, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1773, None), 'total_seq_len': (3547, 6845)}, 'workloads': 1, 'speedup': (1.73, 1.73, 1.73), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1555), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (6845, 19714)}, 'workloads': 3, 'speedup': (1.4, 1.86, 3.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1555, 5420), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (6845, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (5420, None), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (6845, 23170)}, 'workloads': 1, 'speedup': (2.24, 2.24, 2.24), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 3402), 'mean_seq_len': (331, None), 'num_seqs': (None, 11), 'total_seq_len': (6845, None)}, 'workloads': 3, 'speedup': (2.47, 2.97, 3.65), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'mean_seq_len': (331, None), 'num_seqs': (None, 11), 'total_seq_len': (6845, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1555), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (19714, None)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1555, 11585), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11585, None), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -335,60 +323,60 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and 3 < num_seqs <= 9 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and 3 < num_seqs <= 9 and 6 < max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 2 workloads, 1.85x (1.52x .. 2.24x) over vllm_flashinfer_prefill
+    # region 1: 3 workloads, 7.77x (7.66x .. 7.84x) over vllm_flashinfer_prefill
+    if total_seq_len <= 14 and num_seqs <= 9 and 2 < max_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 1.85x (1.52x .. 2.24x) over vllm_flashinfer_prefill
     if total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill
     if total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and 4 < max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 2 workloads, 1.19x (1.18x .. 1.20x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 2 workloads, 1.19x (1.18x .. 1.20x) over vllm_flashinfer_prefill
     if total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and 11 < max_seq_len <= 314:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 4 workloads, 8.00x (7.66x .. 8.73x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1475 and num_seqs <= 3 and max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 7: 42 workloads, 3.23x (1.18x .. 5.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1475 and num_seqs <= 9 and max_seq_len > 10:
+    # region 5: 1 workloads, 8.73x (8.73x .. 8.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1475 and num_seqs <= 1 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 6: 2 workloads, 6.98x (6.86x .. 7.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1475 and num_seqs <= 5 and mean_seq_len > 5 and 7 < max_seq_len <= 16:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 1 workloads, 7.31x (7.31x .. 7.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 5 and 7 < max_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 2 workloads, 7.23x (7.10x .. 7.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 5 and 9 < max_seq_len <= 16:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 9: 43 workloads, 3.27x (1.18x .. 6.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1475 and num_seqs <= 9 and max_seq_len > 16:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 11 workloads, 1.19x (1.07x .. 1.55x) over vllm_flashinfer_prefill
+    # region 10: 1 workloads, 10.30x (10.30x .. 10.30x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1475 and 1 < num_seqs <= 9 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 11: 1 workloads, 7.05x (7.05x .. 7.05x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1475 and 5 < num_seqs <= 9 and mean_seq_len > 5 and 7 < max_seq_len <= 16:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 12: 11 workloads, 1.19x (1.07x .. 1.55x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len <= 90 and max_seq_len > 314:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    # region 13: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len > 90 and 314 < max_seq_len <= 756:
         return 'flashinfer_direct'
-    # region 10: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill
+    # region 14: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len > 90 and max_seq_len > 756:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 11: 6 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill
+    # region 15: 6 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill
     if total_seq_len <= 5792 and 9 < num_seqs <= 45 and mean_seq_len > 45 and max_seq_len <= 314:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 5792 and num_seqs > 45 and mean_seq_len > 45 and max_seq_len <= 206:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 1 workloads, 1.68x (1.68x .. 1.68x) over vllm_flashinfer_prefill
-    if 22 < total_seq_len <= 1475 and 3 < num_seqs <= 9 and mean_seq_len <= 5 and max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < total_seq_len <= 1475 and 3 < num_seqs <= 9 and mean_seq_len > 5 and max_seq_len <= 10:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 16: 6 workloads, 1.11x (1.06x .. 1.16x) over vllm_flashinfer_prefill
-    if 93 < total_seq_len <= 362 and 9 < num_seqs <= 17 and mean_seq_len <= 45 and max_seq_len <= 314:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 17: 5 workloads, 1.57x (1.46x .. 1.66x) over vllm_flashinfer_prefill
-    if total_seq_len > 93 and num_seqs > 17 and mean_seq_len <= 45 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 23 workloads, 1.34x (1.14x .. 1.55x) over vllm_flashinfer_prefill
-    if total_seq_len > 93 and num_seqs > 17 and mean_seq_len <= 45 and 6 < max_seq_len <= 314:
+    # region 18: 5 workloads, 6.37x (1.68x .. 9.45x) over vllm_flashinfer_prefill
+    if 14 < total_seq_len <= 1475 and num_seqs <= 9 and 2 < max_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 19: 36 workloads, 1.29x (1.04x .. 1.55x) over vllm_flashinfer_prefill
+    if total_seq_len > 93 and num_seqs > 9 and mean_seq_len <= 45 and max_seq_len <= 314:
         return 'cuda_prefill_staged.r64s4'
-    # region 19: 2 workloads, 1.04x (1.04x .. 1.05x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and 9 < num_seqs <= 17 and mean_seq_len <= 45 and max_seq_len <= 314:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     # region 20: 0 workloads, by estimated times (no measured workload in it)
     if 1475 < total_seq_len <= 3505 and num_seqs <= 2 and max_seq_len <= 1380:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_staged.r32s4'
@@ -455,99 +443,78 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 4.37x (3.12x .. 6.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 12 and mean_seq_len <= 502 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 4 workloads, 4.21x (3.15x .. 6.97x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 12 and mean_seq_len <= 502 and 4 < max_seq_len <= 17:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 3 workloads, 7.29x (2.87x .. 12.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 267 and num_seqs <= 11 and mean_seq_len <= 502 and 101 < max_seq_len <= 122:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 4: 7 workloads, 8.42x (5.13x .. 12.56x) over vllm_flashinfer_prefill
-    if total_seq_len <= 267 and num_seqs <= 11 and mean_seq_len <= 502 and max_seq_len > 122:
+    # region 1: 2 workloads, 3.66x (3.03x .. 4.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 51 and num_seqs > 8 and mean_seq_len <= 331 and max_seq_len <= 24:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 2 workloads, 10.11x (10.01x .. 10.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 8 and mean_seq_len <= 331 and 57 < max_seq_len <= 74:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 3: 2 workloads, 9.61x (8.31x .. 11.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 1 and mean_seq_len <= 331 and max_seq_len > 74:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 21 workloads, 8.41x (5.85x .. 15.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 331 and max_seq_len <= 57:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 3 workloads, 6.15x (3.70x .. 8.84x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 1 < num_seqs <= 8 and mean_seq_len <= 331 and max_seq_len > 74:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 331 and 24 < max_seq_len <= 40:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 3 workloads, 3.74x (2.63x .. 4.67x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 331 and max_seq_len > 40:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 8: 2 workloads, 3.44x (2.10x .. 5.64x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3547 and mean_seq_len > 1773:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p4'
+    # region 9: 13 workloads, 4.66x (2.52x .. 8.79x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6845 and 331 < mean_seq_len <= 1773:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 10: 4 workloads, 4.65x (3.12x .. 7.25x) over vllm_flashinfer_prefill
+    if 51 < total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 331 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 3 workloads, 3.64x (3.15x .. 4.22x) over vllm_flashinfer_prefill
+    if 51 < total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 331 and 8 < max_seq_len <= 24:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 12: 1 workloads, 4.45x (4.45x .. 4.45x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 331 and 57 < max_seq_len <= 74:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 13: 9 workloads, 3.51x (2.07x .. 5.98x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 929 and mean_seq_len <= 45 and max_seq_len <= 23:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 15 workloads, 3.63x (1.97x .. 5.54x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 929 and mean_seq_len <= 45 and max_seq_len > 23:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 15: 7 workloads, 7.28x (4.23x .. 10.65x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 929 and 45 < mean_seq_len <= 331 and max_seq_len <= 202:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 5: 7 workloads, 8.78x (2.99x .. 15.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 267 and num_seqs <= 12 and mean_seq_len <= 502 and max_seq_len <= 17:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 3 workloads, 4.69x (4.03x .. 5.52x) over vllm_flashinfer_prefill
-    if total_seq_len <= 267 and mean_seq_len <= 11 and 17 < max_seq_len <= 101:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 7: 9 workloads, 8.27x (5.03x .. 12.46x) over vllm_flashinfer_prefill
-    if total_seq_len <= 267 and 11 < mean_seq_len <= 502 and 17 < max_seq_len <= 64:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 3 workloads, 6.90x (4.27x .. 11.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 267 and 11 < mean_seq_len <= 502 and 64 < max_seq_len <= 101:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 9: 3 workloads, 3.25x (2.55x .. 4.61x) over vllm_flashinfer_prefill
-    if total_seq_len <= 267 and num_seqs > 11 and mean_seq_len <= 502 and max_seq_len > 101:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 10: 3 workloads, 5.13x (4.48x .. 5.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and mean_seq_len > 502 and 1127 < max_seq_len <= 2045:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 11: 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and mean_seq_len > 502 and 2045 < max_seq_len <= 2597:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
-    # region 12: 2 workloads, 3.26x (2.35x .. 4.54x) over vllm_flashinfer_prefill
-    if total_seq_len <= 6845 and num_seqs <= 2 and mean_seq_len > 502 and max_seq_len > 2597:
+    # region 16: 7 workloads, 6.54x (4.37x .. 10.02x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 929 and 45 < mean_seq_len <= 331 and max_seq_len > 202:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 45 workloads, 3.02x (1.46x .. 9.88x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and mean_seq_len <= 331:
+        return 'cuda_prefill_staged.r64s4'
+    # region 18: 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill
+    if 3547 < total_seq_len <= 6845 and mean_seq_len > 1773:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
-    # region 13: 6 workloads, 6.69x (5.10x .. 9.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 6845 and mean_seq_len > 502 and max_seq_len <= 1023:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 14: 1 workloads, 6.29x (6.29x .. 6.29x) over vllm_flashinfer_prefill
-    if total_seq_len <= 6845 and mean_seq_len > 502 and 1023 < max_seq_len <= 1127:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 2 workloads, 2.52x (2.24x .. 2.85x) over vllm_flashinfer_prefill
-    if total_seq_len <= 6845 and num_seqs > 2 and mean_seq_len > 502 and max_seq_len > 2597:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 16: 3 workloads, 3.82x (2.76x .. 5.73x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 267 and num_seqs > 12 and mean_seq_len <= 502 and max_seq_len <= 17:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 4 workloads, 5.02x (3.77x .. 6.14x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 929 and num_seqs <= 46 and mean_seq_len <= 502 and max_seq_len <= 39:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 14 workloads, 5.47x (2.54x .. 9.85x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 929 and mean_seq_len <= 502 and max_seq_len > 39:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 19: 2 workloads, 3.47x (3.00x .. 4.00x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 929 and 46 < num_seqs <= 90 and mean_seq_len <= 502 and max_seq_len <= 39:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 2 workloads, 2.56x (2.07x .. 3.17x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len <= 502 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if 267 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len <= 502 and 11 < max_seq_len <= 39:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 22: 47 workloads, 3.13x (1.42x .. 10.55x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and mean_seq_len <= 502:
-        return 'cuda_prefill_staged.r64s4'
-    # region 23: 1 workloads, 3.37x (3.37x .. 3.37x) over vllm_flashinfer_prefill
-    if 2896 < total_seq_len <= 6845 and mean_seq_len > 502 and 1127 < max_seq_len <= 2597:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 24: 2 workloads, 1.52x (1.42x .. 1.62x) over vllm_flashinfer_prefill
-    if 6845 < total_seq_len <= 12872 and num_seqs <= 2 and mean_seq_len > 502:
-        return 'cuda_prefill_cp.p8'
-    # region 25: 3 workloads, 4.12x (3.20x .. 4.95x) over vllm_flashinfer_prefill
-    if total_seq_len > 6845 and 2 < num_seqs <= 11 and mean_seq_len > 502 and max_seq_len <= 3402:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 26: 1 workloads, 1.92x (1.92x .. 1.92x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 6845 and 2 < num_seqs <= 11 and mean_seq_len > 502 and 3402 < max_seq_len <= 6611:
-        return 'cuda_prefill_staged.r32s4'
-    # region 27: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 6845 and 2 < num_seqs <= 11 and mean_seq_len > 502 and max_seq_len > 6611:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 3 workloads, 2.24x (1.94x .. 2.78x) over vllm_flashinfer_prefill
-    if total_seq_len > 6845 and num_seqs > 11 and 502 < mean_seq_len <= 724:
-        return 'cuda_prefill_staged.r64s4'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 6845 and num_seqs > 11 and mean_seq_len > 724 and max_seq_len <= 5792:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 6845 and num_seqs > 11 and mean_seq_len > 724 and 5792 < max_seq_len <= 16376:
+    # region 19: 3 workloads, 1.86x (1.40x .. 3.00x) over vllm_flashinfer_prefill
+    if 6845 < total_seq_len <= 19714 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len <= 1555:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if 6845 < total_seq_len <= 23170 and num_seqs > 11 and mean_seq_len > 331 and 1555 < max_seq_len <= 5420:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 21: 1 workloads, 2.24x (2.24x .. 2.24x) over vllm_flashinfer_prefill
+    if 6845 < total_seq_len <= 23170 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len > 5420:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 12872 and num_seqs <= 2 and mean_seq_len > 502:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'vllm_flashinfer_prefill'
+    # region 22: 3 workloads, 2.97x (2.47x .. 3.65x) over vllm_flashinfer_prefill
+    if total_seq_len > 6845 and num_seqs <= 11 and mean_seq_len > 331 and max_seq_len <= 3402:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 24: 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
+    if total_seq_len > 19714 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len <= 1555:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23170 and num_seqs > 11 and mean_seq_len > 331 and 1555 < max_seq_len <= 11585:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
     return 'vllm_flashinfer_prefill'
 
 
@@ -558,12 +525,5 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len > 2896 and num_seqs > 45 and max_seq_len > 4528:  # region 31
         return True
     if total_seq_len > 4840 and 5 < num_seqs <= 9 and 1380 < max_seq_len <= 3402:  # region 37
-        return True
-    return False
-
-
-def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len > 6845 and 2 < num_seqs <= 11 and mean_seq_len > 502 and 3402 < max_seq_len <= 6611:  # region 26
         return True
     return False

@@ -6,27 +6,27 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-02T06:49:15Z
-# workloads   144 (workload-set digest 13f9047559e6063c)
+# measured    up to 2026-12-02T13:06:19Z
+# workloads   156 (workload-set digest 9ad3a87059263a66)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  144/144  1.00x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  156/156  1.00x
 #   cuda_prefill_cp.p16             5365a24a414126be  8/8  0.65x
 #   cuda_prefill_cp.p4              b5f7f39fe567fb38  8/8  0.81x
 #   cuda_prefill_cp.p8              75eecedfbb97bedf  8/8  0.73x
-#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  69/137  0.81x  [68 screened out]
-#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  77/137  0.82x  [60 screened out]
-#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  75/137  0.83x  [62 screened out]
-#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  75/137  0.82x  [62 screened out]
-#   cuda_prefill_staged.r32s4       0ec7dd6cd6a9712e  143/144  1.37x  [1 screened out]
-#   cuda_prefill_staged.r64s4       fec9b569b24a1594  143/144  1.42x  [1 screened out]
-#   flashinfer_direct               755eb6578bd0a1f3  143/144  1.30x  [1 screened out]
-#   triton_prefill_chunked.v64      91b329a0e287a87d  95/144  0.73x  [49 screened out]
-#   triton_prefill_fused.c16v32     6adb950fad8337e7  111/144  0.85x  [33 screened out]
-#   triton_prefill_fused.c16v64     c51d19b31b74e07c  123/144  0.91x  [21 screened out]
-#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  140/144  0.94x  [4 screened out]
-#   triton_prefill_staged.c16v64    71c60215ec2efc08  141/144  0.98x  [3 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  144/144  1.29x
+#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  81/149  0.95x  [68 screened out]
+#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  89/149  0.95x  [60 screened out]
+#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  87/149  0.98x  [62 screened out]
+#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  87/149  0.97x  [62 screened out]
+#   cuda_prefill_staged.r32s4       0ec7dd6cd6a9712e  155/156  1.44x  [1 screened out]
+#   cuda_prefill_staged.r64s4       fec9b569b24a1594  155/156  1.49x  [1 screened out]
+#   flashinfer_direct               755eb6578bd0a1f3  155/156  1.36x  [1 screened out]
+#   triton_prefill_chunked.v64      91b329a0e287a87d  104/156  0.76x  [52 screened out]
+#   triton_prefill_fused.c16v32     6adb950fad8337e7  123/156  0.94x  [33 screened out]
+#   triton_prefill_fused.c16v64     c51d19b31b74e07c  135/156  1.00x  [21 screened out]
+#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  152/156  0.99x  [4 screened out]
+#   triton_prefill_staged.c16v64    71c60215ec2efc08  153/156  1.03x  [3 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  156/156  1.35x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_cp.p16             segments=16
 #   cuda_prefill_cp.p4              segments=4
@@ -48,64 +48,66 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.68% mean, 70.72% max;
-#             1.215x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.40% mean, 102.57% max;
-#             2.675x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 6.60% mean, 69.69% max;
+#             1.233x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.75% mean, 83.74% max;
+#             2.752x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 31 and num_seqs <= 7 and mean_seq_len <= 1218: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.89x (1.64x .. 8.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   2. total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 1218: cuda_prefill_cp.p4, 2 workloads, 1.10x (1.05x .. 1.14x) over vllm_flashinfer_prefill
-#   3. total_seq_len <= 4324 and num_seqs > 17: cuda_prefill_staged.r64s4, 39 workloads, 1.37x (1.05x .. 1.58x) over vllm_flashinfer_prefill
-#   4. 7 < num_seqs <= 17 and mean_seq_len <= 58: cuda_prefill_staged.r64s4, 20 workloads, 1.20x (1.06x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   5. 7 < num_seqs <= 17 and 58 < mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.06x (1.03x .. 1.10x) over vllm_flashinfer_prefill
-#   6. 7 < num_seqs <= 17 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   7. total_seq_len > 31 and num_seqs <= 7 and mean_seq_len <= 1218: cuda_prefill_staged.r32s4, 34 workloads, 2.90x (1.27x .. 5.07x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 1218: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len > 4324 and num_seqs > 17: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   1. total_seq_len <= 19 and num_seqs <= 7: cuda_prefill_pool_rows.k4c8, 6 workloads, 5.92x (1.64x .. 8.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   2. total_seq_len <= 4324 and num_seqs > 17: cuda_prefill_staged.r64s4, 39 workloads, 1.37x (1.05x .. 1.58x) over vllm_flashinfer_prefill
+#   3. 7 < num_seqs <= 8 and mean_seq_len <= 53: cuda_prefill_staged.r32s4, 12 workloads, 1.18x (1.05x .. 1.26x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   4. 7 < num_seqs <= 17 and 53 < mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.06x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+#   5. 7 < num_seqs <= 17 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   6. 8 < num_seqs <= 17 and mean_seq_len <= 53: cuda_prefill_staged.r64s4, 14 workloads, 1.25x (1.06x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. 19 < total_seq_len <= 44 and num_seqs <= 7: triton_prefill_fused.c16v32, 5 workloads, 5.70x (4.72x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, flashinfer_direct, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
+#   8. 44 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 1218: cuda_prefill_cp.p4, 2 workloads, 1.10x (1.05x .. 1.14x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 44 and num_seqs <= 7 and mean_seq_len <= 1218: cuda_prefill_staged.r32s4, 33 workloads, 2.86x (1.27x .. 5.07x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 1218: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len > 4324 and num_seqs > 17: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 31 and num_seqs <= 10: cuda_prefill_pool_rows.k8c8, 5 workloads, 9.51x (5.50x .. 16.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 238 and 10 < num_seqs <= 17: cuda_prefill_pool_rows.k8c8, 6 workloads, 4.36x (3.24x .. 5.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   3. total_seq_len <= 238 and num_seqs > 17: cuda_prefill_pool_rows.k4c8, 6 workloads, 3.47x (2.83x .. 3.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   4. 31 < total_seq_len <= 90 and num_seqs <= 10: cuda_prefill_staged.r32s4, 6 workloads, 9.43x (7.66x .. 11.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   5. 90 < total_seq_len <= 685 and num_seqs <= 10 and mean_seq_len <= 70: cuda_prefill_staged.r64s4, 15 workloads, 3.70x (1.40x .. 9.34x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. 90 < total_seq_len <= 685 and num_seqs <= 10 and mean_seq_len > 70: cuda_prefill_staged.r32s4, 10 workloads, 7.01x (5.06x .. 11.24x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   7. 238 < total_seq_len <= 7643 and num_seqs > 10: cuda_prefill_staged.r64s4, 47 workloads, 2.74x (1.90x .. 4.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   8. 685 < total_seq_len <= 2986 and num_seqs <= 10: cuda_prefill_staged.r64s4, 21 workloads, 4.45x (1.97x .. 8.44x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   9. 2986 < total_seq_len <= 5792 and num_seqs <= 10: cuda_prefill_cp.p4, 2 workloads, 2.55x (1.94x .. 3.35x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_staged.r64s4
-#   10. total_seq_len > 5792 and num_seqs <= 10 and mean_seq_len <= 4845: cuda_prefill_staged.r64s4, 7 workloads, 2.50x (1.71x .. 4.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   11. total_seq_len > 5792 and num_seqs <= 10 and mean_seq_len > 4845: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   12. total_seq_len > 7643 and 10 < num_seqs <= 34: flashinfer_direct, 6 workloads, 1.42x (1.18x .. 1.63x) over vllm_flashinfer_prefill
-#   13. total_seq_len > 7643 and 34 < num_seqs <= 171: cuda_prefill_staged.r64s4, 5 workloads, 1.80x (1.29x .. 2.14x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   14. total_seq_len > 7643 and num_seqs > 171: flashinfer_direct, 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 111 and num_seqs <= 1 and mean_seq_len > 8: cuda_prefill_staged.r64s4, 2 workloads, 5.70x (5.14x .. 6.33x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   2. total_seq_len <= 111 and num_seqs <= 8 and mean_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 15 workloads, 6.31x (3.01x .. 15.86x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 111 and num_seqs > 1 and mean_seq_len > 8: cuda_prefill_pool_rows.k8c8, 5 workloads, 8.78x (6.23x .. 13.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 111 and num_seqs > 8 and mean_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 6 workloads, 4.60x (3.65x .. 6.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   5. 111 < total_seq_len <= 7523 and num_seqs <= 2 and mean_seq_len > 146: cuda_prefill_staged.r32s4, 14 workloads, 4.92x (1.99x .. 7.58x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   6. 111 < total_seq_len <= 7643 and num_seqs <= 2 and mean_seq_len <= 146: triton_prefill_fused.c16v32, 4 workloads, 5.85x (4.64x .. 7.22x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k4c8, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   7. 111 < total_seq_len <= 7643 and num_seqs > 2: cuda_prefill_staged.r64s4, 84 workloads, 3.26x (1.44x .. 10.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   8. total_seq_len > 7643 and num_seqs <= 6 and mean_seq_len <= 4845: cuda_prefill_staged.r32s4, 4 workloads, 2.62x (1.38x .. 4.10x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   9. total_seq_len > 7643 and num_seqs <= 6 and mean_seq_len > 4845: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len > 7643 and 6 < num_seqs <= 22: cuda_prefill_staged.r64s4, 6 workloads, 2.10x (1.84x .. 2.67x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   11. total_seq_len > 7643 and 22 < num_seqs <= 49: flashinfer_direct, 4 workloads, 1.26x (1.12x .. 1.40x) over vllm_flashinfer_prefill
+#   12. total_seq_len > 7643 and 49 < num_seqs <= 171: cuda_prefill_staged.r64s4, 4 workloads, 2.05x (1.89x .. 2.50x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   13. total_seq_len > 7643 and num_seqs > 171: flashinfer_direct, 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 1218), 'num_seqs': (None, 7), 'total_seq_len': (None, 31)}, 'workloads': 4, 'speedup': (1.64, 4.89, 8.72), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 2, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (1218, None), 'num_seqs': (None, 7), 'total_seq_len': (None, 2438)}, 'workloads': 2, 'speedup': (1.05, 1.1, 1.14), 'fallbacks': ()},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 4324)}, 'workloads': 39, 'speedup': (1.05, 1.37, 1.58), 'fallbacks': ()},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 58), 'num_seqs': (7, 17)}, 'workloads': 20, 'speedup': (1.06, 1.2, 1.61), 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (58, 90), 'num_seqs': (7, 17)}, 'workloads': 6, 'speedup': (1.03, 1.06, 1.1), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (7, 17)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 1218), 'num_seqs': (None, 7), 'total_seq_len': (31, None)}, 'workloads': 34, 'speedup': (1.27, 2.9, 5.07), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1218, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (4324, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (None, 19)}, 'workloads': 6, 'speedup': (1.64, 5.92, 8.72), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 4324)}, 'workloads': 39, 'speedup': (1.05, 1.37, 1.58), 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (7, 8)}, 'workloads': 12, 'speedup': (1.05, 1.18, 1.26), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (53, 90), 'num_seqs': (7, 17)}, 'workloads': 6, 'speedup': (1.03, 1.06, 1.1), 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (7, 17)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (8, 17)}, 'workloads': 14, 'speedup': (1.06, 1.25, 1.61), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (19, 44)}, 'workloads': 5, 'speedup': (4.72, 5.7, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (1218, None), 'num_seqs': (None, 7), 'total_seq_len': (44, 2438)}, 'workloads': 2, 'speedup': (1.05, 1.1, 1.14), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 1218), 'num_seqs': (None, 7), 'total_seq_len': (44, None)}, 'workloads': 33, 'speedup': (1.27, 2.86, 5.07), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1218, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (4324, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 10), 'total_seq_len': (None, 31)}, 'workloads': 5, 'speedup': (5.5, 9.51, 16.19), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (10, 17), 'total_seq_len': (None, 238)}, 'workloads': 6, 'speedup': (3.24, 4.36, 5.69), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 238)}, 'workloads': 6, 'speedup': (2.83, 3.47, 3.81), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (None, 10), 'total_seq_len': (31, 90)}, 'workloads': 6, 'speedup': (7.66, 9.43, 11.15), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 70), 'num_seqs': (None, 10), 'total_seq_len': (90, 685)}, 'workloads': 15, 'speedup': (1.4, 3.7, 9.34), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (70, None), 'num_seqs': (None, 10), 'total_seq_len': (90, 685)}, 'workloads': 10, 'speedup': (5.06, 7.01, 11.24), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (10, None), 'total_seq_len': (238, 7643)}, 'workloads': 47, 'speedup': (1.9, 2.74, 4.14), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 10), 'total_seq_len': (685, 2986)}, 'workloads': 21, 'speedup': (1.97, 4.45, 8.44), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 9, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'num_seqs': (None, 10), 'total_seq_len': (2986, 5792)}, 'workloads': 2, 'speedup': (1.94, 2.55, 3.35), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (None, 10), 'total_seq_len': (5792, None)}, 'workloads': 7, 'speedup': (1.71, 2.5, 4.18), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4845, None), 'num_seqs': (None, 10), 'total_seq_len': (5792, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (10, 34), 'total_seq_len': (7643, None)}, 'workloads': 6, 'speedup': (1.18, 1.42, 1.63), 'fallbacks': ()},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (34, 171), 'total_seq_len': (7643, None)}, 'workloads': 5, 'speedup': (1.29, 1.8, 2.14), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (171, None), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.2, 1.26, 1.31), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (8, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 111)}, 'workloads': 2, 'speedup': (5.14, 5.7, 6.33), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (None, 8), 'total_seq_len': (None, 111)}, 'workloads': 15, 'speedup': (3.01, 6.31, 15.86), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (8, None), 'num_seqs': (1, None), 'total_seq_len': (None, 111)}, 'workloads': 5, 'speedup': (6.23, 8.78, 13.01), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (8, None), 'total_seq_len': (None, 111)}, 'workloads': 6, 'speedup': (3.65, 4.6, 6.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (146, None), 'num_seqs': (None, 2), 'total_seq_len': (111, 7523)}, 'workloads': 14, 'speedup': (1.99, 4.92, 7.58), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 146), 'num_seqs': (None, 2), 'total_seq_len': (111, 7643)}, 'workloads': 4, 'speedup': (4.64, 5.85, 7.22), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (2, None), 'total_seq_len': (111, 7643)}, 'workloads': 84, 'speedup': (1.44, 3.26, 10.14), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (None, 6), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.38, 2.62, 4.1), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4845, None), 'num_seqs': (None, 6), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (6, 22), 'total_seq_len': (7643, None)}, 'workloads': 6, 'speedup': (1.84, 2.1, 2.67), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (22, 49), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.12, 1.26, 1.4), 'fallbacks': ()},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (49, 171), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.89, 2.05, 2.5), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (171, None), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.2, 1.26, 1.31), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -114,31 +116,37 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 4.89x (1.64x .. 8.72x) over vllm_flashinfer_prefill
-    if total_seq_len <= 31 and num_seqs <= 7 and mean_seq_len <= 1218:
+    # region 1: 6 workloads, 5.92x (1.64x .. 8.72x) over vllm_flashinfer_prefill
+    if total_seq_len <= 19 and num_seqs <= 7:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 2 workloads, 1.10x (1.05x .. 1.14x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 1218:
-        return 'cuda_prefill_cp.p4'
-    # region 3: 39 workloads, 1.37x (1.05x .. 1.58x) over vllm_flashinfer_prefill
+    # region 2: 39 workloads, 1.37x (1.05x .. 1.58x) over vllm_flashinfer_prefill
     if total_seq_len <= 4324 and num_seqs > 17:
         return 'cuda_prefill_staged.r64s4'
-    # region 4: 20 workloads, 1.20x (1.06x .. 1.61x) over vllm_flashinfer_prefill
-    if 7 < num_seqs <= 17 and mean_seq_len <= 58:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 6 workloads, 1.06x (1.03x .. 1.10x) over vllm_flashinfer_prefill
-    if 7 < num_seqs <= 17 and 58 < mean_seq_len <= 90:
+    # region 3: 12 workloads, 1.18x (1.05x .. 1.26x) over vllm_flashinfer_prefill
+    if 7 < num_seqs <= 8 and mean_seq_len <= 53:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 4: 6 workloads, 1.06x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+    if 7 < num_seqs <= 17 and 53 < mean_seq_len <= 90:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 15 workloads, the baseline; its stand-ins where it cannot run here
+    # region 5: 15 workloads, the baseline; its stand-ins where it cannot run here
     if 7 < num_seqs <= 17 and mean_seq_len > 90:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 34 workloads, 2.90x (1.27x .. 5.07x) over vllm_flashinfer_prefill
-    if total_seq_len > 31 and num_seqs <= 7 and mean_seq_len <= 1218:
+    # region 6: 14 workloads, 1.25x (1.06x .. 1.61x) over vllm_flashinfer_prefill
+    if 8 < num_seqs <= 17 and mean_seq_len <= 53:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 5 workloads, 5.70x (4.72x .. 6.41x) over vllm_flashinfer_prefill
+    if 19 < total_seq_len <= 44 and num_seqs <= 7:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 8: 2 workloads, 1.10x (1.05x .. 1.14x) over vllm_flashinfer_prefill
+    if 44 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 1218:
+        return 'cuda_prefill_cp.p4'
+    # region 9: 33 workloads, 2.86x (1.27x .. 5.07x) over vllm_flashinfer_prefill
+    if total_seq_len > 44 and num_seqs <= 7 and mean_seq_len <= 1218:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 11 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 11 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 1218:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 13 workloads, the baseline; its stand-ins where it cannot run here
+    # region 11: 13 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 4324 and num_seqs > 17:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -147,211 +155,214 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 9.51x (5.50x .. 16.19x) over vllm_flashinfer_prefill
-    if total_seq_len <= 31 and num_seqs <= 10:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 6 workloads, 4.36x (3.24x .. 5.69x) over vllm_flashinfer_prefill
-    if total_seq_len <= 238 and 10 < num_seqs <= 17:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 6 workloads, 3.47x (2.83x .. 3.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 238 and num_seqs > 17:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 6 workloads, 9.43x (7.66x .. 11.15x) over vllm_flashinfer_prefill
-    if 31 < total_seq_len <= 90 and num_seqs <= 10:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 5: 15 workloads, 3.70x (1.40x .. 9.34x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 685 and num_seqs <= 10 and mean_seq_len <= 70:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 10 workloads, 7.01x (5.06x .. 11.24x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 685 and num_seqs <= 10 and mean_seq_len > 70:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 7: 47 workloads, 2.74x (1.90x .. 4.14x) over vllm_flashinfer_prefill
-    if 238 < total_seq_len <= 7643 and num_seqs > 10:
+    # region 1: 2 workloads, 5.70x (5.14x .. 6.33x) over vllm_flashinfer_prefill
+    if total_seq_len <= 111 and num_seqs <= 1 and mean_seq_len > 8:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 2: 15 workloads, 6.31x (3.01x .. 15.86x) over vllm_flashinfer_prefill
+    if total_seq_len <= 111 and num_seqs <= 8 and mean_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 5 workloads, 8.78x (6.23x .. 13.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 111 and num_seqs > 1 and mean_seq_len > 8:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 6 workloads, 4.60x (3.65x .. 6.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 111 and num_seqs > 8 and mean_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 14 workloads, 4.92x (1.99x .. 7.58x) over vllm_flashinfer_prefill
+    if 111 < total_seq_len <= 7523 and num_seqs <= 2 and mean_seq_len > 146:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 4 workloads, 5.85x (4.64x .. 7.22x) over vllm_flashinfer_prefill
+    if 111 < total_seq_len <= 7643 and num_seqs <= 2 and mean_seq_len <= 146:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 84 workloads, 3.26x (1.44x .. 10.14x) over vllm_flashinfer_prefill
+    if 111 < total_seq_len <= 7643 and num_seqs > 2:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 21 workloads, 4.45x (1.97x .. 8.44x) over vllm_flashinfer_prefill
-    if 685 < total_seq_len <= 2986 and num_seqs <= 10:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 2 workloads, 2.55x (1.94x .. 3.35x) over vllm_flashinfer_prefill
-    if 2986 < total_seq_len <= 5792 and num_seqs <= 10:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p4'
-    # region 10: 7 workloads, 2.50x (1.71x .. 4.18x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and num_seqs <= 10 and mean_seq_len <= 4845:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs <= 10 and mean_seq_len > 4845:
+    # region 8: 4 workloads, 2.62x (1.38x .. 4.10x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs <= 6 and mean_seq_len <= 4845:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7643 and num_seqs <= 6 and mean_seq_len > 4845:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 6 workloads, 1.42x (1.18x .. 1.63x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and 10 < num_seqs <= 34:
-        return 'flashinfer_direct'
-    # region 13: 5 workloads, 1.80x (1.29x .. 2.14x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and 34 < num_seqs <= 171:
+    # region 10: 6 workloads, 2.10x (1.84x .. 2.67x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and 6 < num_seqs <= 22:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
+    # region 11: 4 workloads, 1.26x (1.12x .. 1.40x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and 22 < num_seqs <= 49:
+        return 'flashinfer_direct'
+    # region 12: 4 workloads, 2.05x (1.89x .. 2.50x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and 49 < num_seqs <= 171:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 13: 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
     if total_seq_len > 7643 and num_seqs > 171:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2578 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2631 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.48% mean, 69.69% max;
-#             1.233x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.42% mean, 38.20% max;
-#             2.785x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.64% mean, 69.69% max;
+#             1.254x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.66% mean, 80.64% max;
+#             2.848x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 724 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 121 < max_seq_len <= 896: cuda_prefill_staged.r32s4, 2 workloads, 1.09x (1.04x .. 1.15x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 1448 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 1023: cuda_prefill_staged.r32s4, 9 workloads, 2.15x (1.41x .. 3.24x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 1448 and 11 < num_seqs <= 21 and mean_seq_len > 53 and max_seq_len <= 441: flashinfer_direct, 2 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 2438 and num_seqs <= 4 and 53 < mean_seq_len <= 1254 and max_seq_len > 1023: cuda_prefill_staged.r32s4, 4 workloads, 1.41x (1.27x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   5. total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 322: cuda_prefill_staged.r32s4, 12 workloads, 3.42x (2.58x .. 4.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   6. total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 1254 and max_seq_len > 1023: cuda_prefill_cp.p4, 2 workloads, 1.10x (1.05x .. 1.14x) over vllm_flashinfer_prefill
-#   7. total_seq_len <= 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794: cuda_prefill_staged.r32s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   8. total_seq_len <= 2896 and num_seqs > 11 and mean_seq_len > 53 and max_seq_len > 441: cuda_prefill_staged.r64s4, 3 workloads, 1.11x (1.06x .. 1.16x) over vllm_flashinfer_prefill
-#   9. total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 53 and max_seq_len <= 441: cuda_prefill_staged.r64s4, 2 workloads, 1.07x (1.05x .. 1.09x) over vllm_flashinfer_prefill
-#   10. total_seq_len <= 5792 and num_seqs > 138 and mean_seq_len <= 53 and max_seq_len > 830: cuda_prefill_staged.r64s4, 2 workloads, 1.25x (1.15x .. 1.37x) over vllm_flashinfer_prefill
-#   11. num_seqs <= 2 and mean_seq_len <= 53 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.41x (8.01x .. 8.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   12. num_seqs <= 138 and mean_seq_len <= 53 and 830 < max_seq_len <= 2281: cuda_prefill_staged.r64s4, 3 workloads, 1.15x (1.11x .. 1.18x) over vllm_flashinfer_prefill
-#   13. num_seqs <= 138 and mean_seq_len <= 53 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 0 workloads
-#   14. mean_seq_len <= 53 and 7 < max_seq_len <= 830: cuda_prefill_staged.r64s4, 54 workloads, 1.60x (1.06x .. 5.03x) over vllm_flashinfer_prefill
-#   15. 2 < num_seqs <= 5 and mean_seq_len <= 53 and max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   16. 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len <= 78: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   17. 4 < num_seqs <= 11 and mean_seq_len > 53 and 78 < max_seq_len <= 121: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
-#   18. 4 < num_seqs <= 11 and mean_seq_len > 53 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   19. 4 < num_seqs <= 11 and mean_seq_len > 53 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
-#   20. 4 < num_seqs <= 11 and mean_seq_len > 53 and 1081 < max_seq_len <= 1794: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   21. 5 < num_seqs <= 45 and mean_seq_len <= 53 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.82x (1.57x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64
-#   22. num_seqs > 45 and mean_seq_len <= 2 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64
-#   23. num_seqs > 45 and 2 < mean_seq_len <= 53 and max_seq_len <= 7: cuda_prefill_staged.r64s4, 2 workloads, 1.51x (1.49x .. 1.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v64
-#   24. total_seq_len > 724 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 121 < max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
-#   25. 1448 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 1023: flashinfer_direct, 1 workloads, 3.23x (3.23x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   26. total_seq_len > 1448 and 11 < num_seqs <= 21 and mean_seq_len > 53 and max_seq_len <= 441: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   27. 2438 < total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
-#   28. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 2281: flashinfer_direct, 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   29. total_seq_len > 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   30. total_seq_len > 2896 and num_seqs > 11 and mean_seq_len > 53 and max_seq_len > 441: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   31. total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 53 and max_seq_len <= 441: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   32. total_seq_len > 5792 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
-#   33. total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and 2281 < max_seq_len <= 4399: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
-#   34. total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   35. total_seq_len > 5792 and num_seqs > 138 and mean_seq_len <= 53 and max_seq_len > 830: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   1. total_seq_len <= 51 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   2. total_seq_len <= 51 and num_seqs > 8 and mean_seq_len <= 2 and 5 < max_seq_len <= 830: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64
+#   3. total_seq_len <= 724 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 121 < max_seq_len <= 896: cuda_prefill_staged.r32s4, 2 workloads, 1.09x (1.04x .. 1.15x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 1448 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 1023: cuda_prefill_staged.r32s4, 9 workloads, 2.15x (1.41x .. 3.24x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 1448 and 11 < num_seqs <= 21 and mean_seq_len > 53 and max_seq_len <= 441: flashinfer_direct, 2 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 2438 and num_seqs <= 4 and 53 < mean_seq_len <= 1254 and max_seq_len > 1023: cuda_prefill_staged.r32s4, 4 workloads, 1.41x (1.27x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   7. total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 322: cuda_prefill_staged.r32s4, 12 workloads, 3.42x (2.58x .. 4.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   8. total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 1254 and max_seq_len > 1023: cuda_prefill_cp.p4, 2 workloads, 1.10x (1.05x .. 1.14x) over vllm_flashinfer_prefill
+#   9. total_seq_len <= 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794: cuda_prefill_staged.r32s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   10. total_seq_len <= 2896 and num_seqs > 11 and mean_seq_len > 53 and max_seq_len > 441: cuda_prefill_staged.r64s4, 3 workloads, 1.11x (1.06x .. 1.16x) over vllm_flashinfer_prefill
+#   11. total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 53 and max_seq_len <= 441: cuda_prefill_staged.r64s4, 2 workloads, 1.07x (1.05x .. 1.09x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 5792 and num_seqs > 138 and mean_seq_len <= 53 and max_seq_len > 830: cuda_prefill_staged.r64s4, 2 workloads, 1.25x (1.15x .. 1.37x) over vllm_flashinfer_prefill
+#   13. num_seqs <= 3 and 5 < mean_seq_len <= 53 and max_seq_len <= 19: triton_prefill_fused.c16v32, 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   14. num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 3 workloads, 8.36x (8.03x .. 8.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   15. num_seqs <= 8 and mean_seq_len <= 5 and 4 < max_seq_len <= 9: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.54x (1.56x .. 8.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. num_seqs <= 8 and mean_seq_len <= 5 and 9 < max_seq_len <= 830: cuda_prefill_staged.r32s4, 3 workloads, 2.05x (1.26x .. 5.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   17. num_seqs <= 8 and 5 < mean_seq_len <= 53 and 19 < max_seq_len <= 830: cuda_prefill_staged.r32s4, 13 workloads, 2.64x (1.05x .. 5.33x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. num_seqs <= 138 and mean_seq_len <= 53 and 830 < max_seq_len <= 2281: cuda_prefill_staged.r64s4, 3 workloads, 1.15x (1.11x .. 1.18x) over vllm_flashinfer_prefill
+#   19. num_seqs <= 138 and mean_seq_len <= 53 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 0 workloads
+#   20. 3 < num_seqs <= 8 and 5 < mean_seq_len <= 53 and max_seq_len <= 19: triton_prefill_fused.c16v64, 4 workloads, 4.24x (1.30x .. 6.32x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len <= 78: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   22. 4 < num_seqs <= 11 and mean_seq_len > 53 and 78 < max_seq_len <= 121: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
+#   23. 4 < num_seqs <= 11 and mean_seq_len > 53 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   24. 4 < num_seqs <= 11 and mean_seq_len > 53 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
+#   25. 4 < num_seqs <= 11 and mean_seq_len > 53 and 1081 < max_seq_len <= 1794: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   26. 5 < num_seqs <= 8 and mean_seq_len <= 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.68x (1.54x .. 1.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. num_seqs > 8 and 2 < mean_seq_len <= 53 and max_seq_len <= 830: cuda_prefill_staged.r64s4, 37 workloads, 1.32x (1.06x .. 1.55x) over vllm_flashinfer_prefill
+#   28. total_seq_len > 51 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.62x (1.56x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   29. total_seq_len > 51 and num_seqs > 8 and mean_seq_len <= 2 and 9 < max_seq_len <= 830: cuda_prefill_staged.r64s4, 3 workloads, 1.56x (1.51x .. 1.58x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   30. total_seq_len > 724 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 121 < max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+#   31. 1448 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 1023: flashinfer_direct, 1 workloads, 3.23x (3.23x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   32. total_seq_len > 1448 and 11 < num_seqs <= 21 and mean_seq_len > 53 and max_seq_len <= 441: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   33. 2438 < total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   34. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 2281: flashinfer_direct, 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   35. total_seq_len > 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   36. total_seq_len > 2896 and num_seqs > 11 and mean_seq_len > 53 and max_seq_len > 441: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   37. total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 53 and max_seq_len <= 441: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   38. total_seq_len > 5792 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
+#   39. total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and 2281 < max_seq_len <= 4399: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
+#   40. total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   41. total_seq_len > 5792 and num_seqs > 138 and mean_seq_len <= 53 and max_seq_len > 830: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 2 and max_seq_len <= 1: cuda_prefill_pool_rows.k16c8, 1 workloads, 12.15x (12.15x .. 12.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 11 and 1 < max_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 2 workloads, 9.44x (5.50x .. 16.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 22 and mean_seq_len <= 2 and 3 < max_seq_len <= 13: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 90 and num_seqs <= 5 and 26 < max_seq_len <= 44: cuda_prefill_staged.r32s4, 3 workloads, 9.21x (7.66x .. 10.95x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 90 and mean_seq_len <= 11 and 13 < max_seq_len <= 26: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 90 and 44 < max_seq_len <= 59: cuda_prefill_staged.r64s4, 2 workloads, 6.96x (5.30x .. 9.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   7. total_seq_len <= 90 and max_seq_len > 59: cuda_prefill_staged.r32s4, 1 workloads, 8.87x (8.87x .. 8.87x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 90 and mean_seq_len > 11 and 13 < max_seq_len <= 26: cuda_prefill_staged.r32s4, 1 workloads, 11.15x (11.15x .. 11.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 90 and num_seqs > 5 and 26 < max_seq_len <= 44: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 362 and num_seqs <= 5 and mean_seq_len > 2 and 3 < max_seq_len <= 13: cuda_prefill_pool_rows.k8c8, 1 workloads, 13.01x (13.01x .. 13.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len <= 362 and num_seqs > 5 and mean_seq_len > 2 and 3 < max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 4 workloads, 4.31x (2.88x .. 5.94x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   12. 2 < total_seq_len <= 362 and max_seq_len <= 1: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. 11 < total_seq_len <= 362 and 1 < max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.63x (3.89x .. 6.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   14. 22 < total_seq_len <= 362 and mean_seq_len <= 2 and 3 < max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.78x (3.65x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   15. 90 < total_seq_len <= 280 and mean_seq_len <= 5 and 13 < max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.48x (3.48x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. 90 < total_seq_len <= 545 and num_seqs <= 2 and max_seq_len > 29: cuda_prefill_staged.r32s4, 7 workloads, 7.39x (5.52x .. 11.24x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 90 < total_seq_len <= 545 and num_seqs > 2 and max_seq_len > 29: cuda_prefill_staged.r64s4, 31 workloads, 3.63x (1.40x .. 9.34x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   18. 90 < total_seq_len <= 7643 and num_seqs <= 22 and mean_seq_len > 5 and 13 < max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.80x (3.00x .. 5.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 90 < total_seq_len <= 7643 and num_seqs > 22 and mean_seq_len > 5 and 13 < max_seq_len <= 29: cuda_prefill_staged.r64s4, 2 workloads, 2.80x (2.60x .. 3.01x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. 280 < total_seq_len <= 7643 and mean_seq_len <= 5 and 13 < max_seq_len <= 29: cuda_prefill_staged.r64s4, 2 workloads, 2.55x (2.33x .. 2.80x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. 362 < total_seq_len <= 7643 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.52x (2.50x .. 2.54x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   22. 362 < total_seq_len <= 7643 and mean_seq_len > 2 and max_seq_len <= 13: cuda_prefill_staged.r64s4, 3 workloads, 2.28x (2.08x .. 2.47x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. 545 < total_seq_len <= 7643 and max_seq_len > 29: cuda_prefill_staged.r64s4, 47 workloads, 3.33x (1.75x .. 8.44x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   24. 7643 < total_seq_len <= 23170 and max_seq_len <= 1081: cuda_prefill_staged.r64s4, 8 workloads, 1.90x (1.35x .. 2.56x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   25. 7643 < total_seq_len <= 28647 and num_seqs <= 181 and mean_seq_len <= 1448 and max_seq_len > 3371: cuda_prefill_staged.r64s4, 5 workloads, 1.65x (1.29x .. 1.98x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   26. 7643 < total_seq_len <= 28647 and num_seqs > 181 and mean_seq_len <= 1448 and max_seq_len > 3371: flashinfer_direct, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-#   27. total_seq_len > 7643 and num_seqs <= 4 and mean_seq_len > 1448 and 1081 < max_seq_len <= 8189: cuda_prefill_staged.r64s4, 4 workloads, 2.79x (1.71x .. 4.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   28. total_seq_len > 7643 and num_seqs <= 4 and mean_seq_len > 1448 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
-#   29. total_seq_len > 7643 and num_seqs <= 22 and mean_seq_len <= 1448 and 1081 < max_seq_len <= 3371: cuda_prefill_staged.r64s4, 2 workloads, 2.09x (1.98x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   30. total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 1448 and 1081 < max_seq_len <= 4511: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   31. total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 1448 and 4511 < max_seq_len <= 11582: flashinfer_direct, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
-#   32. total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 1448 and max_seq_len > 11582: vllm_flashinfer_prefill (baseline), 0 workloads
-#   33. total_seq_len > 7643 and num_seqs > 22 and mean_seq_len <= 181 and 1081 < max_seq_len <= 3371: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   34. total_seq_len > 7643 and num_seqs > 22 and 181 < mean_seq_len <= 1448 and 1081 < max_seq_len <= 3371: flashinfer_direct, 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
-#   35. total_seq_len > 23170 and max_seq_len <= 1081: flashinfer_direct, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
-#   36. total_seq_len > 28647 and num_seqs <= 45 and mean_seq_len <= 1448 and max_seq_len > 3371: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   37. total_seq_len > 28647 and num_seqs > 45 and mean_seq_len <= 1448 and max_seq_len > 3371: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   1. total_seq_len <= 22 and 3 < mean_seq_len <= 673 and max_seq_len <= 7: cuda_prefill_pool_rows.k8c8, 2 workloads, 8.28x (7.93x .. 8.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 90 and 3 < mean_seq_len <= 673 and 7 < max_seq_len <= 134: cuda_prefill_pool_rows.k8c8, 15 workloads, 6.49x (3.08x .. 13.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   3. total_seq_len <= 111 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 2 workloads, 5.06x (3.95x .. 6.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 111 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 5: cuda_prefill_pool_rows.k4c8, 1 workloads, 3.69x (3.69x .. 3.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 1905 and 673 < mean_seq_len <= 1218: cuda_prefill_staged.r32s4, 3 workloads, 5.26x (3.53x .. 7.58x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 7643 and num_seqs <= 2 and mean_seq_len <= 3: cuda_prefill_pool_rows.k16c8, 2 workloads, 13.98x (12.15x .. 16.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 7643 and 3 < mean_seq_len <= 673 and max_seq_len > 134: cuda_prefill_staged.r64s4, 46 workloads, 3.83x (1.86x .. 8.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   8. total_seq_len <= 7643 and 1218 < mean_seq_len <= 2508: cuda_prefill_staged.r32s4, 3 workloads, 4.52x (3.97x .. 5.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 7643 and mean_seq_len > 2508: cuda_prefill_cp.p4, 2 workloads, 2.75x (2.19x .. 3.46x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_cp.p16
+#   10. total_seq_len <= 7643 and 2 < num_seqs <= 7 and mean_seq_len <= 3 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 1 workloads, 5.50x (5.50x .. 5.50x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 7643 and 2 < num_seqs <= 8 and mean_seq_len <= 3 and max_seq_len > 4: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.73x (4.73x .. 4.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   12. total_seq_len <= 7643 and 7 < num_seqs <= 8 and mean_seq_len <= 3 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.89x (3.42x .. 4.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   13. 22 < total_seq_len <= 7643 and 3 < mean_seq_len <= 673 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.49x (2.38x .. 5.94x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
+#   14. 90 < total_seq_len <= 7643 and 3 < mean_seq_len <= 673 and 7 < max_seq_len <= 134: cuda_prefill_staged.r64s4, 38 workloads, 3.29x (1.44x .. 10.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   15. 111 < total_seq_len <= 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 48: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.52x (2.86x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   16. 111 < total_seq_len <= 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 48: cuda_prefill_staged.r64s4, 1 workloads, 3.66x (3.66x .. 3.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   17. 280 < total_seq_len <= 7643 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.42x (2.23x .. 2.54x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 280 < total_seq_len <= 7643 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 27: cuda_prefill_staged.r64s4, 1 workloads, 2.34x (2.34x .. 2.34x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   19. 1905 < total_seq_len <= 7643 and 673 < mean_seq_len <= 1218: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. 7643 < total_seq_len <= 22103 and mean_seq_len > 821 and max_seq_len <= 5969: cuda_prefill_staged.r64s4, 5 workloads, 2.75x (1.53x .. 4.57x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. 7643 < total_seq_len <= 23170 and num_seqs > 45 and mean_seq_len <= 821 and max_seq_len <= 7170: cuda_prefill_staged.r64s4, 5 workloads, 1.92x (1.60x .. 2.50x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   22. 7643 < total_seq_len <= 28647 and num_seqs <= 181 and mean_seq_len <= 821 and max_seq_len > 7170: cuda_prefill_staged.r64s4, 3 workloads, 1.70x (1.36x .. 1.93x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   23. 7643 < total_seq_len <= 28647 and num_seqs > 181 and mean_seq_len <= 821 and max_seq_len > 7170: flashinfer_direct, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+#   24. total_seq_len > 7643 and num_seqs <= 5 and mean_seq_len > 821 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 7643 and num_seqs <= 45 and mean_seq_len <= 362 and 1081 < max_seq_len <= 7170: flashinfer_direct, 2 workloads, 1.26x (1.18x .. 1.35x) over vllm_flashinfer_prefill
+#   26. total_seq_len > 7643 and num_seqs <= 45 and mean_seq_len <= 821 and max_seq_len <= 1081: cuda_prefill_staged.r64s4, 2 workloads, 1.85x (1.68x .. 2.04x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 7643 and num_seqs <= 45 and 362 < mean_seq_len <= 821 and 1081 < max_seq_len <= 7170: cuda_prefill_staged.r64s4, 1 workloads, 1.84x (1.84x .. 1.84x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 7643 and mean_seq_len > 821 and 5969 < max_seq_len <= 8189: cuda_prefill_staged.r32s4, 2 workloads, 2.23x (2.13x .. 2.33x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   29. total_seq_len > 7643 and num_seqs > 5 and mean_seq_len > 821 and 8189 < max_seq_len <= 16372: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   30. total_seq_len > 7643 and num_seqs > 5 and mean_seq_len > 821 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 0 workloads
+#   31. total_seq_len > 22103 and mean_seq_len > 821 and max_seq_len <= 5969: flashinfer_direct, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+#   32. total_seq_len > 23170 and num_seqs > 45 and mean_seq_len <= 821 and max_seq_len <= 724: cuda_prefill_staged.r64s4, 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   33. total_seq_len > 23170 and num_seqs > 45 and mean_seq_len <= 821 and 724 < max_seq_len <= 7170: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   34. total_seq_len > 28647 and mean_seq_len <= 821 and max_seq_len > 7170: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (121, 896), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.04, 1.09, 1.15), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (322, 1023), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.41, 2.15, 3.24), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (11, 21), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.06, 1.08, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, None), 'mean_seq_len': (53, 1254), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 4, 'speedup': (1.27, 1.41, 1.78), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 322), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 12, 'speedup': (2.58, 3.42, 4.51), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 6, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1023, None), 'mean_seq_len': (1254, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 2, 'speedup': (1.05, 1.1, 1.14), 'fallbacks': ()},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (441, None), 'mean_seq_len': (53, None), 'num_seqs': (11, None), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (1.06, 1.11, 1.16), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (21, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.05, 1.07, 1.09), 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (830, None), 'mean_seq_len': (None, 53), 'num_seqs': (138, None), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.15, 1.25, 1.37), 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 53), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (8.01, 8.41, 8.84), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (830, 2281), 'mean_seq_len': (None, 53), 'num_seqs': (None, 138)}, 'workloads': 3, 'speedup': (1.11, 1.15, 1.18), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 53), 'num_seqs': (None, 138)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7, 830), 'mean_seq_len': (None, 53)}, 'workloads': 54, 'speedup': (1.06, 1.6, 5.03), 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 53), 'num_seqs': (2, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 78), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 1, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (78, 121), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 1794), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 53), 'num_seqs': (5, 45)}, 'workloads': 3, 'speedup': (1.57, 1.82, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 2), 'num_seqs': (45, None)}, 'workloads': 4, 'speedup': (1.6, 1.63, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (2, 53), 'num_seqs': (45, None)}, 'workloads': 2, 'speedup': (1.49, 1.51, 1.54), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64')},
-    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (121, 896), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
-    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (322, 1023), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (1448, 2438)}, 'workloads': 1, 'speedup': (3.23, 3.23, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (11, 21), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, 5792)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 1, 'speedup': (1.7, 1.7, 1.7), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (441, None), 'mean_seq_len': (53, None), 'num_seqs': (11, None), 'total_seq_len': (2896, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (53, None), 'num_seqs': (None, 2), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2281, 4399), 'mean_seq_len': (53, None), 'num_seqs': (2, 4), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4'), 'hand_back': True},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (53, None), 'num_seqs': (2, 4), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (830, None), 'mean_seq_len': (None, 53), 'num_seqs': (138, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (2.11, 2.11, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (5, 830), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (1.82, 1.82, 1.82), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (121, 896), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.04, 1.09, 1.15), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (322, 1023), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.41, 2.15, 3.24), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (11, 21), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.06, 1.08, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, None), 'mean_seq_len': (53, 1254), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 4, 'speedup': (1.27, 1.41, 1.78), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 322), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 12, 'speedup': (2.58, 3.42, 4.51), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1023, None), 'mean_seq_len': (1254, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 2, 'speedup': (1.05, 1.1, 1.14), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (441, None), 'mean_seq_len': (53, None), 'num_seqs': (11, None), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (1.06, 1.11, 1.16), 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (21, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.05, 1.07, 1.09), 'fallbacks': ()},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (830, None), 'mean_seq_len': (None, 53), 'num_seqs': (138, None), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.15, 1.25, 1.37), 'fallbacks': ()},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (5, 53), 'num_seqs': (None, 3)}, 'workloads': 1, 'speedup': (5.94, 5.94, 5.94), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5)}, 'workloads': 3, 'speedup': (8.03, 8.36, 8.72), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 9), 'mean_seq_len': (None, 5), 'num_seqs': (None, 8)}, 'workloads': 2, 'speedup': (1.56, 3.54, 8.06), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (9, 830), 'mean_seq_len': (None, 5), 'num_seqs': (None, 8)}, 'workloads': 3, 'speedup': (1.26, 2.05, 5.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (19, 830), 'mean_seq_len': (5, 53), 'num_seqs': (None, 8)}, 'workloads': 13, 'speedup': (1.05, 2.64, 5.33), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (830, 2281), 'mean_seq_len': (None, 53), 'num_seqs': (None, 138)}, 'workloads': 3, 'speedup': (1.11, 1.15, 1.18), 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 53), 'num_seqs': (None, 138)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (5, 53), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.3, 4.24, 6.32), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 78), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 1, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (78, 121), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 1794), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 5), 'num_seqs': (5, 8)}, 'workloads': 4, 'speedup': (1.54, 1.68, 1.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 830), 'mean_seq_len': (2, 53), 'num_seqs': (8, None)}, 'workloads': 37, 'speedup': (1.06, 1.32, 1.55), 'fallbacks': ()},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (51, None)}, 'workloads': 5, 'speedup': (1.56, 1.62, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (9, 830), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (51, None)}, 'workloads': 3, 'speedup': (1.51, 1.56, 1.58), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (121, 896), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (322, 1023), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (1448, 2438)}, 'workloads': 1, 'speedup': (3.23, 3.23, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (11, 21), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, 5792)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 1, 'speedup': (1.7, 1.7, 1.7), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (441, None), 'mean_seq_len': (53, None), 'num_seqs': (11, None), 'total_seq_len': (2896, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (53, None), 'num_seqs': (None, 2), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2281, 4399), 'mean_seq_len': (53, None), 'num_seqs': (2, 4), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4'), 'hand_back': True},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (53, None), 'num_seqs': (2, 4), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (830, None), 'mean_seq_len': (None, 53), 'num_seqs': (138, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (12.15, 12.15, 12.15), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (1, 3), 'total_seq_len': (None, 11)}, 'workloads': 2, 'speedup': (5.5, 9.44, 16.19), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (3, 13), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (26, 44), 'num_seqs': (None, 5), 'total_seq_len': (None, 90)}, 'workloads': 3, 'speedup': (7.66, 9.21, 10.95), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (13, 26), 'mean_seq_len': (None, 11), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (44, 59), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (5.3, 6.96, 9.16), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (59, None), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (8.87, 8.87, 8.87), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (13, 26), 'mean_seq_len': (11, None), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (11.15, 11.15, 11.15), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (26, 44), 'num_seqs': (5, None), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (3, 13), 'mean_seq_len': (2, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (13.01, 13.01, 13.01), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (3, 13), 'mean_seq_len': (2, None), 'num_seqs': (5, None), 'total_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (2.88, 4.31, 5.94), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 1), 'total_seq_len': (2, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (1, 3), 'total_seq_len': (11, 362)}, 'workloads': 3, 'speedup': (3.89, 4.63, 6.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (3, 13), 'mean_seq_len': (None, 2), 'total_seq_len': (22, 362)}, 'workloads': 2, 'speedup': (3.65, 3.78, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (13, 29), 'mean_seq_len': (None, 5), 'total_seq_len': (90, 280)}, 'workloads': 1, 'speedup': (3.48, 3.48, 3.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (29, None), 'num_seqs': (None, 2), 'total_seq_len': (90, 545)}, 'workloads': 7, 'speedup': (5.52, 7.39, 11.24), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (29, None), 'num_seqs': (2, None), 'total_seq_len': (90, 545)}, 'workloads': 31, 'speedup': (1.4, 3.63, 9.34), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (13, 29), 'mean_seq_len': (5, None), 'num_seqs': (None, 22), 'total_seq_len': (90, 7643)}, 'workloads': 3, 'speedup': (3.0, 3.8, 5.22), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, 29), 'mean_seq_len': (5, None), 'num_seqs': (22, None), 'total_seq_len': (90, 7643)}, 'workloads': 2, 'speedup': (2.6, 2.8, 3.01), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, 29), 'mean_seq_len': (None, 5), 'total_seq_len': (280, 7643)}, 'workloads': 2, 'speedup': (2.33, 2.55, 2.8), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'total_seq_len': (362, 7643)}, 'workloads': 2, 'speedup': (2.5, 2.52, 2.54), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (2, None), 'total_seq_len': (362, 7643)}, 'workloads': 3, 'speedup': (2.08, 2.28, 2.47), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (29, None), 'total_seq_len': (545, 7643)}, 'workloads': 47, 'speedup': (1.75, 3.33, 8.44), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1081), 'total_seq_len': (7643, 23170)}, 'workloads': 8, 'speedup': (1.35, 1.9, 2.56), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (3371, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 181), 'total_seq_len': (7643, 28647)}, 'workloads': 5, 'speedup': (1.29, 1.65, 1.98), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (3371, None), 'mean_seq_len': (None, 1448), 'num_seqs': (181, None), 'total_seq_len': (7643, 28647)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, 8189), 'mean_seq_len': (1448, None), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.71, 2.79, 4.18), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, 3371), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 22), 'total_seq_len': (7643, None)}, 'workloads': 2, 'speedup': (1.98, 2.09, 2.2), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, 4511), 'mean_seq_len': (1448, None), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4511, 11582), 'mean_seq_len': (1448, None), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11582, None), 'mean_seq_len': (1448, None), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, 3371), 'mean_seq_len': (None, 181), 'num_seqs': (22, None), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 3371), 'mean_seq_len': (181, 1448), 'num_seqs': (22, None), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ()},
-    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1081), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
-    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (3371, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 45), 'total_seq_len': (28647, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (3371, None), 'mean_seq_len': (None, 1448), 'num_seqs': (45, None), 'total_seq_len': (28647, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (3, 673), 'total_seq_len': (None, 22)}, 'workloads': 2, 'speedup': (7.93, 8.28, 8.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (7, 134), 'mean_seq_len': (3, 673), 'total_seq_len': (None, 90)}, 'workloads': 15, 'speedup': (3.08, 6.49, 13.01), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (None, 111)}, 'workloads': 2, 'speedup': (3.95, 5.06, 6.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (5, None), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (None, 111)}, 'workloads': 1, 'speedup': (3.69, 3.69, 3.69), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (673, 1218), 'total_seq_len': (None, 1905)}, 'workloads': 3, 'speedup': (3.53, 5.26, 7.58), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (None, 2), 'total_seq_len': (None, 7643)}, 'workloads': 2, 'speedup': (12.15, 13.98, 16.1), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (134, None), 'mean_seq_len': (3, 673), 'total_seq_len': (None, 7643)}, 'workloads': 46, 'speedup': (1.86, 3.83, 8.98), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (1218, 2508), 'total_seq_len': (None, 7643)}, 'workloads': 3, 'speedup': (3.97, 4.52, 5.14), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (2508, None), 'total_seq_len': (None, 7643)}, 'workloads': 2, 'speedup': (2.19, 2.75, 3.46), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 3), 'num_seqs': (2, 7), 'total_seq_len': (None, 7643)}, 'workloads': 1, 'speedup': (5.5, 5.5, 5.5), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, None), 'mean_seq_len': (None, 3), 'num_seqs': (2, 8), 'total_seq_len': (None, 7643)}, 'workloads': 1, 'speedup': (4.73, 4.73, 4.73), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 3), 'num_seqs': (7, 8), 'total_seq_len': (None, 7643)}, 'workloads': 2, 'speedup': (3.42, 3.89, 4.43), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (3, 673), 'total_seq_len': (22, 7643)}, 'workloads': 4, 'speedup': (2.38, 3.49, 5.94), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7, 134), 'mean_seq_len': (3, 673), 'total_seq_len': (90, 7643)}, 'workloads': 38, 'speedup': (1.44, 3.29, 10.14), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 48), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (111, 280)}, 'workloads': 3, 'speedup': (2.86, 3.52, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (48, None), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (111, 280)}, 'workloads': 1, 'speedup': (3.66, 3.66, 3.66), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 27), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (280, 7643)}, 'workloads': 3, 'speedup': (2.23, 2.42, 2.54), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (27, None), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (280, 7643)}, 'workloads': 1, 'speedup': (2.34, 2.34, 2.34), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (673, 1218), 'total_seq_len': (1905, 7643)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 5969), 'mean_seq_len': (821, None), 'total_seq_len': (7643, 22103)}, 'workloads': 5, 'speedup': (1.53, 2.75, 4.57), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 7170), 'mean_seq_len': (None, 821), 'num_seqs': (45, None), 'total_seq_len': (7643, 23170)}, 'workloads': 5, 'speedup': (1.6, 1.92, 2.5), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7170, None), 'mean_seq_len': (None, 821), 'num_seqs': (None, 181), 'total_seq_len': (7643, 28647)}, 'workloads': 3, 'speedup': (1.36, 1.7, 1.93), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (7170, None), 'mean_seq_len': (None, 821), 'num_seqs': (181, None), 'total_seq_len': (7643, 28647)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'mean_seq_len': (821, None), 'num_seqs': (None, 5), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 7170), 'mean_seq_len': (None, 362), 'num_seqs': (None, 45), 'total_seq_len': (7643, None)}, 'workloads': 2, 'speedup': (1.18, 1.26, 1.35), 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1081), 'mean_seq_len': (None, 821), 'num_seqs': (None, 45), 'total_seq_len': (7643, None)}, 'workloads': 2, 'speedup': (1.68, 1.85, 2.04), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, 7170), 'mean_seq_len': (362, 821), 'num_seqs': (None, 45), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.84, 1.84, 1.84), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (5969, 8189), 'mean_seq_len': (821, None), 'total_seq_len': (7643, None)}, 'workloads': 2, 'speedup': (2.13, 2.23, 2.33), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8189, 16372), 'mean_seq_len': (821, None), 'num_seqs': (5, None), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'mean_seq_len': (821, None), 'num_seqs': (5, None), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 5969), 'mean_seq_len': (821, None), 'total_seq_len': (22103, None)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ()},
+    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (None, 821), 'num_seqs': (45, None), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (724, 7170), 'mean_seq_len': (None, 821), 'num_seqs': (45, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (7170, None), 'mean_seq_len': (None, 821), 'total_seq_len': (28647, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -360,106 +371,124 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 1.09x (1.04x .. 1.15x) over vllm_flashinfer_prefill
+    # region 1: 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 51 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 51 and num_seqs > 8 and mean_seq_len <= 2 and 5 < max_seq_len <= 830:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 2 workloads, 1.09x (1.04x .. 1.15x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 121 < max_seq_len <= 896:
         return ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 2: 9 workloads, 2.15x (1.41x .. 3.24x) over vllm_flashinfer_prefill
+    # region 4: 9 workloads, 2.15x (1.41x .. 3.24x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 1023:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 3: 2 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
+    # region 5: 2 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and 11 < num_seqs <= 21 and mean_seq_len > 53 and max_seq_len <= 441:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 4: 4 workloads, 1.41x (1.27x .. 1.78x) over vllm_flashinfer_prefill
+    # region 6: 4 workloads, 1.41x (1.27x .. 1.78x) over vllm_flashinfer_prefill
     if total_seq_len <= 2438 and num_seqs <= 4 and 53 < mean_seq_len <= 1254 and max_seq_len > 1023:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 5: 12 workloads, 3.42x (2.58x .. 4.51x) over vllm_flashinfer_prefill
+    # region 7: 12 workloads, 3.42x (2.58x .. 4.51x) over vllm_flashinfer_prefill
     if total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 322:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 2 workloads, 1.10x (1.05x .. 1.14x) over vllm_flashinfer_prefill
+    # region 8: 2 workloads, 1.10x (1.05x .. 1.14x) over vllm_flashinfer_prefill
     if total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 1254 and max_seq_len > 1023:
         return 'cuda_prefill_cp.p4'
-    # region 7: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+    # region 9: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len <= 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794:
         return 'cuda_prefill_staged.r32s4'
-    # region 8: 3 workloads, 1.11x (1.06x .. 1.16x) over vllm_flashinfer_prefill
+    # region 10: 3 workloads, 1.11x (1.06x .. 1.16x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs > 11 and mean_seq_len > 53 and max_seq_len > 441:
         return 'cuda_prefill_staged.r64s4'
-    # region 9: 2 workloads, 1.07x (1.05x .. 1.09x) over vllm_flashinfer_prefill
+    # region 11: 2 workloads, 1.07x (1.05x .. 1.09x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 53 and max_seq_len <= 441:
         return 'cuda_prefill_staged.r64s4'
-    # region 10: 2 workloads, 1.25x (1.15x .. 1.37x) over vllm_flashinfer_prefill
+    # region 12: 2 workloads, 1.25x (1.15x .. 1.37x) over vllm_flashinfer_prefill
     if total_seq_len <= 5792 and num_seqs > 138 and mean_seq_len <= 53 and max_seq_len > 830:
         return 'cuda_prefill_staged.r64s4'
-    # region 11: 2 workloads, 8.41x (8.01x .. 8.84x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and mean_seq_len <= 53 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 12: 3 workloads, 1.15x (1.11x .. 1.18x) over vllm_flashinfer_prefill
+    # region 13: 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill
+    if num_seqs <= 3 and 5 < mean_seq_len <= 53 and max_seq_len <= 19:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 14: 3 workloads, 8.36x (8.03x .. 8.72x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 15: 2 workloads, 3.54x (1.56x .. 8.06x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and mean_seq_len <= 5 and 4 < max_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 16: 3 workloads, 2.05x (1.26x .. 5.41x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and mean_seq_len <= 5 and 9 < max_seq_len <= 830:
+        return ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 17: 13 workloads, 2.64x (1.05x .. 5.33x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and 5 < mean_seq_len <= 53 and 19 < max_seq_len <= 830:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 18: 3 workloads, 1.15x (1.11x .. 1.18x) over vllm_flashinfer_prefill
     if num_seqs <= 138 and mean_seq_len <= 53 and 830 < max_seq_len <= 2281:
         return 'cuda_prefill_staged.r64s4'
-    # region 14: 54 workloads, 1.60x (1.06x .. 5.03x) over vllm_flashinfer_prefill
-    if mean_seq_len <= 53 and 7 < max_seq_len <= 830:
-        return 'cuda_prefill_staged.r64s4'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if 2 < num_seqs <= 5 and mean_seq_len <= 53 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 16: 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill
+    # region 20: 4 workloads, 4.24x (1.30x .. 6.32x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 8 and 5 < mean_seq_len <= 53 and max_seq_len <= 19:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 21: 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill
     if 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len <= 78:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
     if 4 < num_seqs <= 11 and mean_seq_len > 53 and 78 < max_seq_len <= 121:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    # region 23: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if 4 < num_seqs <= 11 and mean_seq_len > 53 and 896 < max_seq_len <= 956:
         return ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 24: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 4 < num_seqs <= 11 and mean_seq_len > 53 and 956 < max_seq_len <= 1081:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
     if 4 < num_seqs <= 11 and mean_seq_len > 53 and 1081 < max_seq_len <= 1794:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 21: 3 workloads, 1.82x (1.57x .. 2.11x) over vllm_flashinfer_prefill
-    if 5 < num_seqs <= 45 and mean_seq_len <= 53 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 4 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill
-    if num_seqs > 45 and mean_seq_len <= 2 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 2 workloads, 1.51x (1.49x .. 1.54x) over vllm_flashinfer_prefill
-    if num_seqs > 45 and 2 < mean_seq_len <= 53 and max_seq_len <= 7:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+    # region 26: 4 workloads, 1.68x (1.54x .. 1.82x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 8 and mean_seq_len <= 5 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 27: 37 workloads, 1.32x (1.06x .. 1.55x) over vllm_flashinfer_prefill
+    if num_seqs > 8 and 2 < mean_seq_len <= 53 and max_seq_len <= 830:
+        return 'cuda_prefill_staged.r64s4'
+    # region 28: 5 workloads, 1.62x (1.56x .. 1.66x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 29: 3 workloads, 1.56x (1.51x .. 1.58x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and num_seqs > 8 and mean_seq_len <= 2 and 9 < max_seq_len <= 830:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 30: 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 121 < max_seq_len <= 896:
         return 'flashinfer_direct'
-    # region 25: 1 workloads, 3.23x (3.23x .. 3.23x) over vllm_flashinfer_prefill
+    # region 31: 1 workloads, 3.23x (3.23x .. 3.23x) over vllm_flashinfer_prefill
     if 1448 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 1023:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
-    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and 11 < num_seqs <= 21 and mean_seq_len > 53 and max_seq_len <= 441:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 33: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 2438 < total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 2281:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill
+    # region 34: 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill
     if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 2281:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 29: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 35: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 8 workloads, the baseline; its stand-ins where it cannot run here
+    # region 36: 8 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and num_seqs > 11 and mean_seq_len > 53 and max_seq_len > 441:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 37: 5 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 53 and max_seq_len <= 441:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 38: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len > 2281:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
+    # region 39: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and 2281 < max_seq_len <= 4399:
         return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
-    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 40: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 4399:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and num_seqs > 138 and mean_seq_len <= 53 and max_seq_len > 830:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -468,121 +497,112 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 12.15x (12.15x .. 12.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2 and max_seq_len <= 1:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 2 workloads, 9.44x (5.50x .. 16.19x) over vllm_flashinfer_prefill
-    if total_seq_len <= 11 and 1 < max_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and mean_seq_len <= 2 and 3 < max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 3 workloads, 9.21x (7.66x .. 10.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 5 and 26 < max_seq_len <= 44:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 90 and mean_seq_len <= 11 and 13 < max_seq_len <= 26:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 2 workloads, 6.96x (5.30x .. 9.16x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and 44 < max_seq_len <= 59:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 1 workloads, 8.87x (8.87x .. 8.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and max_seq_len > 59:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 1 workloads, 11.15x (11.15x .. 11.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and mean_seq_len > 11 and 13 < max_seq_len <= 26:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 90 and num_seqs > 5 and 26 < max_seq_len <= 44:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 1 workloads, 13.01x (13.01x .. 13.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs <= 5 and mean_seq_len > 2 and 3 < max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 11: 4 workloads, 4.31x (2.88x .. 5.94x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 5 and mean_seq_len > 2 and 3 < max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if 2 < total_seq_len <= 362 and max_seq_len <= 1:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 13: 3 workloads, 4.63x (3.89x .. 6.48x) over vllm_flashinfer_prefill
-    if 11 < total_seq_len <= 362 and 1 < max_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 2 workloads, 3.78x (3.65x .. 3.92x) over vllm_flashinfer_prefill
-    if 22 < total_seq_len <= 362 and mean_seq_len <= 2 and 3 < max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 1 workloads, 3.48x (3.48x .. 3.48x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 280 and mean_seq_len <= 5 and 13 < max_seq_len <= 29:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 7 workloads, 7.39x (5.52x .. 11.24x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 545 and num_seqs <= 2 and max_seq_len > 29:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 17: 31 workloads, 3.63x (1.40x .. 9.34x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 545 and num_seqs > 2 and max_seq_len > 29:
+    # region 1: 2 workloads, 8.28x (7.93x .. 8.65x) over vllm_flashinfer_prefill
+    if total_seq_len <= 22 and 3 < mean_seq_len <= 673 and max_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 15 workloads, 6.49x (3.08x .. 13.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 3 < mean_seq_len <= 673 and 7 < max_seq_len <= 134:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 2 workloads, 5.06x (3.95x .. 6.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 111 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 1 workloads, 3.69x (3.69x .. 3.69x) over vllm_flashinfer_prefill
+    if total_seq_len <= 111 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 5:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 3 workloads, 5.26x (3.53x .. 7.58x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1905 and 673 < mean_seq_len <= 1218:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 2 workloads, 13.98x (12.15x .. 16.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 7643 and num_seqs <= 2 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 7: 46 workloads, 3.83x (1.86x .. 8.98x) over vllm_flashinfer_prefill
+    if total_seq_len <= 7643 and 3 < mean_seq_len <= 673 and max_seq_len > 134:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 3 workloads, 3.80x (3.00x .. 5.22x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 7643 and num_seqs <= 22 and mean_seq_len > 5 and 13 < max_seq_len <= 29:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 2 workloads, 2.80x (2.60x .. 3.01x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 7643 and num_seqs > 22 and mean_seq_len > 5 and 13 < max_seq_len <= 29:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 2 workloads, 2.55x (2.33x .. 2.80x) over vllm_flashinfer_prefill
-    if 280 < total_seq_len <= 7643 and mean_seq_len <= 5 and 13 < max_seq_len <= 29:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 2 workloads, 2.52x (2.50x .. 2.54x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 7643 and mean_seq_len <= 2 and max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 3 workloads, 2.28x (2.08x .. 2.47x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 7643 and mean_seq_len > 2 and max_seq_len <= 13:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 47 workloads, 3.33x (1.75x .. 8.44x) over vllm_flashinfer_prefill
-    if 545 < total_seq_len <= 7643 and max_seq_len > 29:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 8 workloads, 1.90x (1.35x .. 2.56x) over vllm_flashinfer_prefill
-    if 7643 < total_seq_len <= 23170 and max_seq_len <= 1081:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 5 workloads, 1.65x (1.29x .. 1.98x) over vllm_flashinfer_prefill
-    if 7643 < total_seq_len <= 28647 and num_seqs <= 181 and mean_seq_len <= 1448 and max_seq_len > 3371:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-    if 7643 < total_seq_len <= 28647 and num_seqs > 181 and mean_seq_len <= 1448 and max_seq_len > 3371:
-        return 'flashinfer_direct'
-    # region 27: 4 workloads, 2.79x (1.71x .. 4.18x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs <= 4 and mean_seq_len > 1448 and 1081 < max_seq_len <= 8189:
+    # region 8: 3 workloads, 4.52x (3.97x .. 5.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 7643 and 1218 < mean_seq_len <= 2508:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 2 workloads, 2.75x (2.19x .. 3.46x) over vllm_flashinfer_prefill
+    if total_seq_len <= 7643 and mean_seq_len > 2508:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p4'
+    # region 10: 1 workloads, 5.50x (5.50x .. 5.50x) over vllm_flashinfer_prefill
+    if total_seq_len <= 7643 and 2 < num_seqs <= 7 and mean_seq_len <= 3 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 11: 1 workloads, 4.73x (4.73x .. 4.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 7643 and 2 < num_seqs <= 8 and mean_seq_len <= 3 and max_seq_len > 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 12: 2 workloads, 3.89x (3.42x .. 4.43x) over vllm_flashinfer_prefill
+    if total_seq_len <= 7643 and 7 < num_seqs <= 8 and mean_seq_len <= 3 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 13: 4 workloads, 3.49x (2.38x .. 5.94x) over vllm_flashinfer_prefill
+    if 22 < total_seq_len <= 7643 and 3 < mean_seq_len <= 673 and max_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 38 workloads, 3.29x (1.44x .. 10.14x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 7643 and 3 < mean_seq_len <= 673 and 7 < max_seq_len <= 134:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7643 and num_seqs <= 4 and mean_seq_len > 1448 and max_seq_len > 8189:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 2 workloads, 2.09x (1.98x .. 2.20x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs <= 22 and mean_seq_len <= 1448 and 1081 < max_seq_len <= 3371:
+    # region 15: 3 workloads, 3.52x (2.86x .. 3.92x) over vllm_flashinfer_prefill
+    if 111 < total_seq_len <= 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 48:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 1 workloads, 3.66x (3.66x .. 3.66x) over vllm_flashinfer_prefill
+    if 111 < total_seq_len <= 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 48:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 3 workloads, 2.42x (2.23x .. 2.54x) over vllm_flashinfer_prefill
+    if 280 < total_seq_len <= 7643 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 27:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 18: 1 workloads, 2.34x (2.34x .. 2.34x) over vllm_flashinfer_prefill
+    if 280 < total_seq_len <= 7643 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 27:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    if 1905 < total_seq_len <= 7643 and 673 < mean_seq_len <= 1218:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 1448 and 1081 < max_seq_len <= 4511:
+    # region 20: 5 workloads, 2.75x (1.53x .. 4.57x) over vllm_flashinfer_prefill
+    if 7643 < total_seq_len <= 22103 and mean_seq_len > 821 and max_seq_len <= 5969:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 21: 5 workloads, 1.92x (1.60x .. 2.50x) over vllm_flashinfer_prefill
+    if 7643 < total_seq_len <= 23170 and num_seqs > 45 and mean_seq_len <= 821 and max_seq_len <= 7170:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 3 workloads, 1.70x (1.36x .. 1.93x) over vllm_flashinfer_prefill
+    if 7643 < total_seq_len <= 28647 and num_seqs <= 181 and mean_seq_len <= 821 and max_seq_len > 7170:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+    if 7643 < total_seq_len <= 28647 and num_seqs > 181 and mean_seq_len <= 821 and max_seq_len > 7170:
+        return 'flashinfer_direct'
+    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7643 and num_seqs <= 5 and mean_seq_len > 821 and max_seq_len > 8189:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 2 workloads, 1.26x (1.18x .. 1.35x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs <= 45 and mean_seq_len <= 362 and 1081 < max_seq_len <= 7170:
+        return 'flashinfer_direct'
+    # region 26: 2 workloads, 1.85x (1.68x .. 2.04x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs <= 45 and mean_seq_len <= 821 and max_seq_len <= 1081:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 27: 1 workloads, 1.84x (1.84x .. 1.84x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs <= 45 and 362 < mean_seq_len <= 821 and 1081 < max_seq_len <= 7170:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 28: 2 workloads, 2.23x (2.13x .. 2.33x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and mean_seq_len > 821 and 5969 < max_seq_len <= 8189:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 7643 and num_seqs > 5 and mean_seq_len > 821 and 8189 < max_seq_len <= 16372:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
     # region 31: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 1448 and 4511 < max_seq_len <= 11582:
+    if total_seq_len > 22103 and mean_seq_len > 821 and max_seq_len <= 5969:
         return 'flashinfer_direct'
+    # region 32: 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
+    if total_seq_len > 23170 and num_seqs > 45 and mean_seq_len <= 821 and max_seq_len <= 724:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
     # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 7643 and num_seqs > 22 and mean_seq_len <= 181 and 1081 < max_seq_len <= 3371:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 34: 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs > 22 and 181 < mean_seq_len <= 1448 and 1081 < max_seq_len <= 3371:
-        return 'flashinfer_direct'
-    # region 35: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
-    if total_seq_len > 23170 and max_seq_len <= 1081:
-        return 'flashinfer_direct'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 28647 and num_seqs <= 45 and mean_seq_len <= 1448 and max_seq_len > 3371:
-        return 'cuda_prefill_staged.r64s4'
-    # region 37: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 28647 and num_seqs > 45 and mean_seq_len <= 1448 and max_seq_len > 3371:
+    if total_seq_len > 23170 and num_seqs > 45 and mean_seq_len <= 821 and 724 < max_seq_len <= 7170:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 28647 and mean_seq_len <= 821 and max_seq_len > 7170:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794:  # region 7
+    if total_seq_len <= 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794:  # region 9
         return True
-    if total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and 2281 < max_seq_len <= 4399:  # region 33
+    if total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and 2281 < max_seq_len <= 4399:  # region 39
         return True
     return False
