@@ -10,7 +10,11 @@ few long sequences leave most SMs idle and the time grows with the longest seque
 CP walks P segments of every sequence at once.
 
     python benchmarks/prefill_cp.py [--definitions gdn_prefill_pool_qk2_v4 ...] \\
-        [--shapes 1x2048 4x512 ...] [--variants cuda_prefill_staged.r64s4 cuda_prefill_cp.p8 ...] [--json out.json]
+        [--shapes 1x2048 4x512 8x4096/skewed ...] [--variants cuda_prefill_staged.r64s4 cuda_prefill_cp.p8 ...] \\
+        [--json out.json]
+
+A shape is SEQSxTOKENS with random cut points, or SEQSxTOKENS/MIX with one of the coverage sets' length
+mixes (the definition spec's prefill_mix: "skewed", one long sequence among short ones; "equal").
 
 A variant a definition does not register (another definition's baseline) is skipped there ("-").
 """
@@ -28,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from kdispatch import arch, definitions, registry  # noqa: E402
+from kdispatch.definitions.gdn.spec import prefill_mix  # noqa: E402
 from kdispatch.tuner import timing  # noqa: E402
 from kdispatch.workloads import SimpleWorkload, materialize  # noqa: E402
 
@@ -38,7 +43,7 @@ VARIANTS = ("cuda_prefill_staged.r64s4", "cuda_prefill_staged.r32s4", "cuda_pref
 
 
 def axes_of(definition: str, shape: str) -> dict[str, int]:
-    seqs, total = (int(x) for x in shape.split("x"))
+    seqs, total = (int(x) for x in shape.split("/")[0].split("x"))
     axes = {"num_seqs": seqs, "total_seq_len": total, "len_cu_seqlens": seqs + 1}
     if "num_slots" in definitions.get(definition).var_axes:
         axes["num_slots"] = seqs + 1
@@ -69,10 +74,15 @@ def main() -> None:
     for name in opts.definitions:
         definition = definitions.resolve_name(name)
         ref = registry.get(definition, "reference").fn
-        print(f"\n{definition}\n{'shape':>8} " + " ".join(f"{v:>26}" for v in opts.variants))
+        print(f"\n{definition}\n{'shape':>13} " + " ".join(f"{v:>26}" for v in opts.variants))
         for shape in opts.shapes:
             axes = axes_of(definition, shape)
             args = list(materialize(definition, SimpleWorkload(axes, uuid=f"cp-{shape}"), device="cuda", seed=1))
+            if "/" in shape:  # the mix's boundaries over the random ones
+                mixed = prefill_mix(axes, shape.split("/")[1], torch.Generator().manual_seed(1))
+                if "cu_seqlens" not in mixed:
+                    raise SystemExit(f"prefill_cp: no length mix {shape.split('/')[1]!r} (skewed, equal)")
+                args[list(definitions.get(definition).inputs).index("cu_seqlens")].copy_(mixed["cu_seqlens"])
             fresh = lambda: [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # noqa: E731
             want = [t.float() for t in ref(*fresh())[:2]]
             sets = timing.input_sets(definition, args, l2)
@@ -99,7 +109,7 @@ def main() -> None:
                     cells.append(f"{row['graph_us']:8.1f} {row['eager_us']:7.1f} "
                                  f"{row['out_err']:.1e}/{row['state_err']:.1e}")
                 rows.append(row)
-            print(f"{shape:>8} " + " ".join(cells), flush=True)
+            print(f"{shape:>13} " + " ".join(cells), flush=True)
     print("\ncells: graph us, eager us, output / state error")
     if opts.json:
         Path(opts.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "date": time.strftime(

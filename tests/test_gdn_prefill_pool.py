@@ -111,14 +111,15 @@ def test_segments_walked_apart_then_chained_give_the_whole_walk():
 
 def test_context_parallel_is_offered_only_to_few_long_sequences():
     """cuda_prefill_cp's `supports` (the tuner measures it only there): up to CP_MAX_PAIRS (sequence,
-    value head) pairs from CP_MIN_TOKENS tokens; not registered where one sequence has more heads."""
+    value head) pairs from CP_MIN_TOKENS tokens; not registered where one sequence has more than
+    CP_MAX_HEADS heads."""
     from kdispatch import registry
     from kdispatch.kernels.cuda.gdn import prefill_walk as pw
 
     registry.discover()
     for hq, hv in ((2, 4), (4, 8), (8, 16), (16, 32)):
         name = f"gdn_prefill_pool_qk{hq}_v{hv}"
-        if hv > pw.CP_MAX_PAIRS:
+        if hv > pw.CP_MAX_HEADS:
             with pytest.raises(KeyError):
                 registry.get(name, "cuda_prefill_cp.p8")
             continue
@@ -127,6 +128,25 @@ def test_context_parallel_is_offered_only_to_few_long_sequences():
         assert v.declines({"num_seqs": most, "total_seq_len": pw.CP_MIN_TOKENS}) is None
         assert "pairs" in v.declines({"num_seqs": most + 1, "total_seq_len": 10 * pw.CP_MIN_TOKENS})
         assert "tokens" in v.declines({"num_seqs": 1, "total_seq_len": pw.CP_MIN_TOKENS - 1})
+
+
+def test_correction_grid_covers_every_segment():
+    """correct_chunks sizes the CP correction's grid for the longest segment past the first that a batch of
+    T tokens can hold, each sequence in as many segments as its 16-token blocks allow (the .cu's
+    segments_of and segment_of, restated here): a segment longer than the grid would keep part of its
+    outputs uncorrected."""
+    from kdispatch.kernels.cuda.gdn import prefill_walk as pw
+
+    for P in pw.CP_SEGMENTS:
+        for T in (1, 100, 300, 1000, 4096):
+            room = pw.correct_chunks(T, P) * pw.CORRECT_BLOCKS
+            for offset in (0, 7, 15):  # where the sequence starts in its first block
+                for length in range(1, T - offset + 1):
+                    blocks = -(-(offset + length) // 16)
+                    segments = min(P, max(1, blocks // pw.CP_SEG_BLOCKS))
+                    edges = [p * blocks // segments for p in range(segments + 1)]
+                    longest = max((b - a for a, b in zip(edges[1:-1], edges[2:])), default=0)
+                    assert longest <= room, (P, T, offset, length)
 
 
 def test_cuda_first_launch_refuses_head_ratios_it_cannot_hold():

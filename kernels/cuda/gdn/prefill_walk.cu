@@ -115,7 +115,7 @@ struct Args {
     float* state; const int* slots; const unsigned char* init; const void* cu; bf16_t* out;
     long long T; int N, num_slots, hv, hqk, has_state;
     long long q_t, q_h, k_t, k_h, v_t, v_h, s_slot, s_head, s_row;
-    int P; bf16_t* aux; float* bs; bf16_t* as;  // CP: segments a sequence, key rows' outputs, B and A
+    int P; bf16_t* aux; float* bs; bf16_t* as;  // CP: segments a sequence at most, key rows' outputs, B, A
 };
 
 // The cu_seqlens check every kernel here makes (block-wide, one __syncthreads_or): 0 = cu[0] <= ... <= cu[N] = T.
@@ -154,13 +154,29 @@ __device__ __forceinline__ void store_rows(float* row, long long stride, int t0,
     }
 }
 
-// Segment p of P of the sequence [bos, eos) (CP): a share of the sequence's 16-token blocks of the packed
+// CP: the segments the sequence [bos, eos) is walked in, P or as many as give each CP_SEG_BLOCKS of its
+// 16-token blocks or more, at least one (a short sequence in a batch with a long one: its walk alone,
+// without the key rows, the chain steps and the correction a segment past the first costs). A segment past
+// the first costs a chain step (a 128 x 128 x 128 product, about a few blocks' walk) and its key rows' walk.
+// prefill_walk.py reads the number from here (the correction's grid).
+#define CP_SEG_BLOCKS 8
+__device__ __forceinline__ int segments_of(long long bos, long long eos, int P) {
+    const long long n = (eos > bos ? (eos + 15) / 16 - bos / 16 : 0) / CP_SEG_BLOCKS;
+    return n < 1 ? 1 : n < P ? (int)n : P;
+}
+
+// Segment p of the sequence's segments_of (CP): a share of the sequence's 16-token blocks of the packed
 // batch, so segment edges are block edges and the first launch's per-block matrices hold for segments as
-// they are; the first starts at bos, the last ends at eos, an empty one has seos == sbos.
+// they are; the first starts at bos, the last ends at eos, one past the last is empty (seos == sbos).
 __device__ __forceinline__ void segment_of(long long bos, long long eos, int p, int P, long long& sbos,
                                            long long& seos) {
+    const int Pn = segments_of(bos, eos, P);
     const long long fb = bos / 16, nbk = eos > bos ? (eos + 15) / 16 - fb : 0;
-    const long long lo = 16 * (fb + p * nbk / P), hi = 16 * (fb + (p + 1) * nbk / P);
+    if (p >= Pn) {
+        sbos = seos = eos;
+        return;
+    }
+    const long long lo = 16 * (fb + p * nbk / Pn), hi = 16 * (fb + (p + 1) * nbk / Pn);
     sbos = lo > bos ? lo : bos;
     seos = hi < eos ? hi : eos;
     if (seos < sbos) seos = sbos;
@@ -209,7 +225,10 @@ __device__ __forceinline__ void walk(const Args& A) {
         return;
     }
 
-    if (CP) segment_of(cu[i_n], cu[i_n + 1], p, A.P, bos, eos);
+    if (CP) {
+        if (p >= segments_of(bos, eos, A.P)) return;  // a segment this sequence is too short for
+        segment_of(cu[i_n], cu[i_n + 1], p, A.P, bos, eos);
+    }
 
     const int vr = lane >> 2, t0 = (lane & 3) * 2;  // fragment row (V row) and first column (token / key)
     const int row = v0 + warp * 16 + vr;            // this lane's first state row (a key row for `keys`)
@@ -416,6 +435,8 @@ __device__ __forceinline__ void chain(const Args& A) {
     const long long i_n = blockIdx.x / 8 / A.hv;
     const Checked seq = check_sequence<CU, SLOTS>(A, cu, i_n, tid, CHAIN_THREADS);
     if (!(seq.ok && seq.live)) return;  // the walk zeroed the outputs and left the state
+    const int Pn = segments_of(cu[i_n], cu[i_n + 1], A.P);
+    if (Pn < 2) return;  // one segment: the walk left the final state
     const int v0 = i_vb * 16, vr = lane >> 2, t0 = (lane & 3) * 2, c0 = warp * 32;
     // this lane's fragments of the warp's columns: S[j], columns c0 + 8 j + t0 + {0, 1}, rows vr and vr + 8
     float* srow = A.state + seq.slot * A.s_slot + (long long)i_h * A.s_head + (long long)(v0 + vr) * A.s_row + c0;
@@ -446,15 +467,15 @@ __device__ __forceinline__ void chain(const Args& A) {
                          : "memory");
         }
     };
-    if (A.P > 1) load(st0, 1);
+    load(st0, 1);
     cp_async_commit();
     share();
     const int krow = (((lane >> 3) & 1) << 3) + (lane & 7), kcol = (lane >> 4) << 3;  // ldmatrix .trans rows
     const u32 lm_a = (krow * AROW + kcol + c0) * 2, lm_b = OFF_B + (vr * BROW + c0 + t0) * 4;
     const u32 lm_s = OFF_S + ((lane & 15) * SROW + (lane >> 4) * 8) * 2;  // A-operand rows of S
-    for (int p = 1; p < A.P; ++p) {
+    for (int p = 1; p < Pn; ++p) {
         const u32 s = st0 + ((p - 1) & 1) * STAGE;
-        if (p + 1 < A.P) load(st0 + (p & 1) * STAGE, p + 1);
+        if (p + 1 < Pn) load(st0 + (p & 1) * STAGE, p + 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();  // A_p and B_p landed; every warp's columns of S_p shared
@@ -815,13 +836,13 @@ GDN_ALGEBRA_KERNEL(contest, true, long long)
 
 // Kernels. Parameters, all of them: q k v mats fac state slots init cu_seqlens out, T, N, num_slots, HV,
 // HQK, has_state, the six q/k/v token and head strides, the state's slot, head and row strides
-// (elements), then P aux bs as (CP: segments a sequence, o~ [T, HV, 128] bf16, B and S_p
+// (elements), then P aux bs as (CP: segments a sequence at most, o~ [T, HV, 128] bf16, B and S_p
 // [N, P - 1, HV, 128, 128] fp32, A the same in bf16; 1 and null otherwise). pool: int32 cu_seqlens,
 // slots and has_initial_state; contest: int64 cu_seqlens, state n is sequence n's (has_state: read it).
 // gdn_prefill_walk_w<W>_s<NST>_<pool|contest>[_cp]: block 32 W threads, NST stages of dynamic shared
 // memory (stage_bytes<W>() each), grid N * HV * (128 / (16 W)), with _cp N * P * HV * 2 (128 / (16 W)).
-// gdn_prefill_cp_chain_<kind>: block 64 threads, two stages of dynamic shared memory (chain's STAGE),
-// grid N * HV * 4.
+// gdn_prefill_cp_chain_<kind>: block CHAIN_THREADS threads, two stages of dynamic shared memory (chain's
+// STAGE) and the rows of S, grid N * HV * 8.
 // gdn_prefill_cp_correct_<kind>: block 128 threads, FIX_BLOCKS stages of dynamic shared memory (correct's STAGE),
 // grid N * (P - 1) * HV * chunks * 2 (prefill_walk.py's correct_chunks).
 #define GDN_KERNEL_PARAMS(CU)                                                                         \

@@ -1,10 +1,10 @@
 """GDN prefill, staged, with the walk on mma.sync (`cuda_prefill_staged`): a first launch computing every
 16-token block's T diag(beta), P and per-token factors at once, then prefill_walk.cu's walk, each
 sequence's blocks in order with the state in registers; the .cu has the transposed algebra that keeps the
-state and every intermediate in mma accumulator fragments. The first launch is the .cu's own for the
-.cu's own (`algebra`: one warp a block and q/k head, its products on mma.sync, the inverse by substitution,
-a pair of value heads at once; the engines' activated gates and the contest's raw ones). Against the Triton
-first launch of kernels/triton/gdn/prefill_staged.py it replaced: benchmarks/results/algebra-cuda-ab-H200.txt.
+state and every intermediate in mma accumulator fragments. The first launch is the .cu's too (`algebra`:
+one warp a block and q/k head, its products on mma.sync, the inverse by substitution, a pair of value
+heads at once; the engines' activated gates and the contest's raw ones). Against the Triton first launch
+of kernels/triton/gdn/prefill_staged.py it replaced: benchmarks/results/algebra-cuda-ab-H200.txt.
 
 Definitions as the Triton staged kernel: gdn_prefill (the contest's), gdn_prefill_pool_* and
 gdn_prefill_gathered_*. Configurations `r<rows>s<stages>`: V rows a block (16 a warp; fewer rows a
@@ -13,15 +13,17 @@ launches, no host sync (CUDA-graph safe); device-side checks as the .cu says.
 
 Context parallel (`cuda_prefill_cp.p<P>`, the .cu's CP section): the walk runs a (sequence, head) pair's
 blocks in order, so a few long sequences leave most SMs idle (~0.8 us a block at 1 x 2,048 tokens, any
-head count). CP splits every sequence into P segments on block edges, walks them all at once (each
-segment's value rows from zero, plus 128 key rows from the identity with no values, which give the
-segment's transition A and the output correction o~), then chains S_{p+1} = S_p A_p + B_p per sequence and
-adds S_p o~ to each later segment's outputs: four launches, scratch of 96 KiB a (sequence, value head,
-segment past the first), twice the walk's work. On the H200 (benchmarks/results/prefill-cp-H200.json)
-the walk's time over CP's best on one sequence of 2k-32k tokens: 2.0-4.7x at 4 value heads, 1.7-2.8x at
-8, 1.2-1.5x at 16; slower at 32 (the doubled work fills the GPU already) and on short sequences. Against
-FlashInfer's chunked prefill with its own context parallelism (prefill-cp-baselines-H200.json): ahead at
-2k tokens, behind in graphs from 8k tokens (but at 4 heads x 8k), ahead eagerly up to 8k.
+head count). CP splits every sequence into P segments on block edges (fewer where a segment would get
+fewer than CP_SEG_BLOCKS blocks: a short sequence beside a long one is walked whole), walks them all at
+once (each segment's value rows from zero, plus 128 key rows from the identity with no values, which give
+the segment's transition A and the output correction o~), then chains S_{p+1} = S_p A_p + B_p per
+sequence and adds S_p o~ to each later segment's outputs: four launches, scratch of 96 KiB a (sequence,
+value head, segment past the first), twice the walk's work on the segments past the first. On the H200
+(benchmarks/results/prefill-cp-H200.json, before segments were fitted to each sequence) the walk's time
+over CP's best on one sequence of 2k-32k tokens: 2.0-4.7x at 4 value heads, 1.7-2.8x at 8, 1.2-1.5x at
+16; slower at 32 (the doubled work fills the GPU already) and on short sequences. Against FlashInfer's
+chunked prefill with its own context parallelism (prefill-cp-baselines-H200.json): ahead at 2k tokens,
+behind in graphs from 8k tokens (but at 4 heads x 8k), ahead eagerly up to 8k.
 `supports` offers it to the tuner where it can pay (CP_MAX_PAIRS, CP_MIN_TOKENS).
 
 Both launch plainly: the walk as a programmatic dependent of the first launch was slower in graphs at
@@ -34,6 +36,7 @@ so its products chain register to register. On the H200 grid (benchmarks/results
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -60,14 +63,20 @@ LAUNCH_CONFIGS = {f"r{16 * w}s{n}": dict(cfg=(w, n)) for w, n in KERNELS}
 # blocks); the chain and the correction at the .cu's fixed shapes.
 CP_SEGMENTS = (4, 8, 16)  # 32 never won on the H200 up to 32k tokens
 CP_CONFIGS = {f"p{n}": dict(segments=n) for n in CP_SEGMENTS}
+# the fewest 16-token blocks a segment takes (the .cu's CP_SEG_BLOCKS, which says why)
+CP_SEG_BLOCKS = int(re.search(r"^#define CP_SEG_BLOCKS (\d+)", CU.read_text(), re.M).group(1))
 CP_WALK = (2, 4)
 CHAIN_WARPS, CORRECT_WARPS, CORRECT_BLOCKS = 4, 4, 8
 CHAIN_BYTES = 2 * (128 * 136 * 2 + 16 * 136 * 4) + 16 * 136 * 2  # the .cu's chain: two stages, S rows
 CORRECT_BYTES = CORRECT_BLOCKS * (16 * 136 * 2 + 16 * (16 * CORRECT_WARPS + 8) * 2)  # correct: a stage a block
 # Where CP is offered to the tuner (`supports`): few (sequence, value head) pairs, long batches. On the H200
-# (benchmarks/results/prefill-cp-H200.json) it won at up to 16 pairs from 1,024-2,048 tokens and lost at 32
-# pairs and above (its doubled work fills the GPU there); scratch: 96 KiB a pair and segment past the first.
-CP_MAX_PAIRS, CP_MIN_TOKENS = 16, 1024
+# (benchmarks/results/prefill-cp-H200.json) it won at up to 16 pairs from 1,024-2,048 tokens of equal
+# sequences and lost at 32 pairs and above (its doubled work fills the GPU there); with the segments fitted
+# to each sequence it is offered to batches of up to 64 pairs, where one long sequence among short ones
+# keeps the walk serial (cp-segments-ab-H200.txt: 8 x 4,096 tokens, one holding 7/8 of them, 1.47x the
+# walk at 8 value heads; the length mix, which `supports` does not see, decides: the tuner measures).
+# Registered where one sequence is at most CP_MAX_HEADS pairs. Scratch: 96 KiB a pair and segment past the first.
+CP_MAX_PAIRS, CP_MAX_HEADS, CP_MIN_TOKENS = 64, 16, 1024
 
 _kernels: dict[tuple, nvrtc.Kernel] = {}
 # the first launch's: q k g beta A_log dt_bias cu_seqlens mats fac, scale, T, N HV HQK, the q / k token and head
@@ -111,7 +120,8 @@ def algebra(q, k, gates, cu_seqlens, HV: int, scale: float, *, contest: bool):
     T, HQK = q.shape[0], q.shape[1]
     N = cu_seqlens.shape[0] - 1
     if HV % HQK or HV // HQK > ALGEBRA_HEADS:
-        raise ValueError(f"cuda_prefill_staged: {HV} value heads over {HQK} q/k heads (at most {ALGEBRA_HEADS} a q/k head)")
+        raise ValueError(f"cuda_prefill_staged: {HV} value heads over {HQK} q/k heads "
+                         f"(at most {ALGEBRA_HEADS} a q/k head)")
     g, beta, A_log, dt_bias = gates
     g = g if g.stride(-1) == 1 else g.contiguous()
     beta = beta if beta.stride(-1) == 1 else beta.contiguous()
@@ -122,7 +132,8 @@ def algebra(q, k, gates, cu_seqlens, HV: int, scale: float, *, contest: bool):
         kind = "contest" if contest else "pool"
         kern = _kernels.get(("algebra", kind))
         if kern is None:
-            kern = _kernels[("algebra", kind)] = nvrtc.load_kernel(CU, f"gdn_prefill_algebra_{kind}", signature=ALGEBRA_SIGNATURE)
+            kern = _kernels[("algebra", kind)] = nvrtc.load_kernel(CU, f"gdn_prefill_algebra_{kind}",
+                                                                   signature=ALGEBRA_SIGNATURE)
         kern.launch((blocks, HQK), 32, q, k, g, beta, A_log, dt_bias, cu_seqlens, mats, factors, float(scale), T, N,
                     HV, HQK, q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), beta.stride(0),
                     stream=nvrtc.current_stream(q.get_device()))
@@ -131,8 +142,10 @@ def algebra(q, k, gates, cu_seqlens, HV: int, scale: float, *, contest: bool):
 
 def correct_chunks(T: int, segments: int) -> int:
     """Correction blocks a (sequence, segment, head, rows), CORRECT_BLOCKS 16-token blocks each: enough
-    for the longest segment T tokens allow (a sequence spans at most ceil(T / 16) + 1 blocks)."""
-    most = ((T + 15) // 16 + 1 + segments - 1) // segments
+    for the longest segment T tokens allow. A sequence spans at most ceil(T / 16) + 1 blocks; one split
+    into fewer than `segments` (Pn = its blocks // CP_SEG_BLOCKS >= 2) has segments of at most
+    CP_SEG_BLOCKS + ceil((CP_SEG_BLOCKS - 1) / Pn) <= CP_SEG_BLOCKS * 3 // 2 blocks."""
+    most = max(((T + 15) // 16 + 1 + segments - 1) // segments, CP_SEG_BLOCKS * 3 // 2)
     return (most + CORRECT_BLOCKS - 1) // CORRECT_BLOCKS
 
 
@@ -248,6 +261,6 @@ _ENGINE_PREFILLS = ([(pool_prefill_name(hq, hv), hv, gdn_prefill_pool_walk) for 
 for _definition, _hv, _fn in _ENGINE_PREFILLS:
     variant(_definition, "cuda_prefill_staged", backend="cuda", archs=("sm90",), requires=_REQUIRES,
             configs=LAUNCH_CONFIGS, strided=True)(_fn)
-    if _hv <= CP_MAX_PAIRS:  # CP where one sequence is few enough pairs (not at 32 value heads)
+    if _hv <= CP_MAX_HEADS:  # CP where one sequence is few enough pairs (not at 32 value heads)
         variant(_definition, "cuda_prefill_cp", backend="cuda", archs=("sm90",), requires=_REQUIRES,
                 configs=CP_CONFIGS, supports=_cp_offered(_hv), strided=True)(_fn)
