@@ -99,7 +99,9 @@ du -sh "$deps"
 # one distribution its GDN kernels' imports need beyond the host's and engines-deps': .kd-wheels/engines-vllm,
 # its own call after engines-deps' (whose pyzmq it needs). Its gpu-setup.sh unpacks them under /tmp/kd-vllm (benchmarks/gpu_env.sh:
 # on PYTHONPATH when it exists) for benchmarks/vllm_kernels.py.
-VLLM_SPEC=${VLLM_SPEC:-vllm==0.33.0}
+# 0.34.0: its FlashInfer prefill takes exp(g) and an output buffer (0.33.0, the release measured before
+# 2026-12-02, takes the log decay: VLLM_SPEC=vllm==0.33.0 stages it)
+VLLM_SPEC=${VLLM_SPEC:-vllm==0.34.0}
 vl=.kd-wheels/engines-vllm
 rm -rf "$vl"
 mkdir -p "$vl"

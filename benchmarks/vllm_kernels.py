@@ -11,7 +11,9 @@ at the head counts of TP 1, 2, 4 and 8:
   `--gdn-prefill-backend triton`, given the chunk metadata vLLM's GDN metadata builder computes on
   the host once per batch): the prefill sequences' states gathered from the pool
   (zeroed where a sequence has no initial state), the call with q/k L2-normalised beforehand (as the
-  layer does), the final states scattered back. The plugin replaces only the call; gather and
+  layer does), the final states scattered back. Where vLLM's FlashInfer function takes FlashInfer's
+  exp(g) and an `output` buffer (vLLM >= 0.34: its layer makes exp(g) in its post-conv prep and hands
+  a slice of its output rows), the calls get both, as the layer gives them. The plugin replaces only the call; gather and
   scatter stay vLLM's on both sides. The layer module itself does not import here (it needs vLLM's
   config stack: transformers, xgrammar, llguidance, compressed-tensors, fastapi, openai, ...), so its
   `fi_chunk_gated_delta_rule` is compiled from the module's own source (that function alone: it
@@ -37,6 +39,7 @@ import argparse
 import ast
 import datetime
 import importlib.util
+import inspect
 import json
 import statistics
 import typing
@@ -111,6 +114,8 @@ def trimmed_prefill(c: dict, drop: int) -> dict:
            "lens": [max(0, min(s + n, t) - s) for s, n in zip(starts, c["lens"])]}
     if "fla" in c:
         cut["fla"] = fla_chunk_metadata(cut["cu_seqlens"])
+    if "output" in c:
+        cut["output"] = c["output"][:t]
     return cut
 
 
@@ -125,7 +130,7 @@ def decode_method(kernel):
 
 def prefill_method(kernel, hinted: bool):
     """The layer's prefill segment with `kernel` as its prefill function (the fla one also gets the
-    set's chunk metadata, `fla`)."""
+    set's chunk metadata, `fla`; vLLM >= 0.34's FlashInfer one an `output` buffer)."""
     def run(c):
         if hinted:
             plugin.note_lengths(SimpleNamespace(num_prefills=len(c["lens"])), SimpleNamespace(max_query_len=max(c["lens"])))
@@ -134,7 +139,7 @@ def prefill_method(kernel, hinted: bool):
         initial[~c["has_initial"], ...] = 0
         o, final = kernel(q=c["q"], k=c["k"], v=c["v"], g=c["g"], beta=c["beta"], initial_state=initial,
                           output_final_state=True, cu_seqlens=c["cu_seqlens"], use_qk_l2norm_in_kernel=False,
-                          **c.get("fla", {}))
+                          **c.get("fla", {}), **({"output": c["output"]} if "output" in c else {}))
         pool[slots] = final.to(pool.dtype)
         return o
     return run
@@ -151,6 +156,12 @@ def measure(family: str, hv: int, shape, l2: int, device, fns: dict, profile: bo
         if family == "prefill_fla":
             for c in sets:
                 c["fla"] = fla_chunk_metadata(c["cu_seqlens"])
+        elif plugin._gates_taken(theirs) == "exp":  # vLLM >= 0.34, as its layer calls it
+            output = "output" in inspect.signature(theirs).parameters
+            for c in sets:
+                c["g"] = c["g"].float().exp()
+                if output:
+                    c["output"] = torch.empty(c["v"].shape[1:], dtype=c["v"].dtype, device=device)
         methods = {"vllm": prefill_method(theirs, False), "kdispatch": prefill_method(ours, True)}
     start = written.clone()
     row = {"family": family, "value_heads": hv, "shape": shape, "sets": len(sets)}

@@ -384,32 +384,60 @@ def test_the_gathered_views_slot_and_flag_buffers_are_right_after_growing():
     assert flags.dtype == torch.bool and flags.shape == (600,) and bool(flags.all())
 
 
-def test_vllm_034s_flashinfer_prefill_stays_vllms(monkeypatch, fake_vllm, kernels_here, caplog):
-    """vLLM 0.34 hands fi_chunk_gated_delta_rule exp(g) and an `output` slice of the layer's buffer: the
-    swap takes the argument (no TypeError in vLLM's forward) and leaves the call to vLLM, `output`
-    passed on, since kdispatch would read the gate as a log decay."""
-    module, calls = fake_vllm
-
+def _fi_chunk_034(calls):
+    """vLLM 0.34's fi_chunk_gated_delta_rule signature: g handed on to FlashInfer as given (exp(g)), an
+    `output` buffer."""
     def fi_chunk_gated_delta_rule(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None,
                                   use_qk_l2norm_in_kernel=True, state_checkpoints=None, checkpoint_cu_starts=None,
                                   checkpoint_every_n_tokens=0, use_cp="auto", output=None):
-        calls.append(("fi 0.34", output))
+        calls.append(("fi 0.34", g, output))
         return v.new_empty(v.shape), initial_state.float()
+    return fi_chunk_gated_delta_rule
 
-    module.fi_chunk_gated_delta_rule = fi_chunk_gated_delta_rule
-    monkeypatch.setitem(plugin.PREFILL_STATS, "first_pass_reason", None)
+
+def test_vllm_034s_flashinfer_prefill_is_served_on_the_log_of_its_gates(monkeypatch, fake_vllm, kernels_here, caplog):
+    """vLLM 0.34 hands fi_chunk_gated_delta_rule exp(g) and an `output` slice of the layer's buffer:
+    kdispatch serves the call on log(exp(g)), the output written into the buffer; a gate that
+    underflowed to 0 gives no NaN and a state as with a strong decay."""
+    module, calls = fake_vllm
+    module.fi_chunk_gated_delta_rule = _fi_chunk_034(calls)
     monkeypatch.setenv(plugin.SWITCH, "1")
     monkeypatch.setenv(plugin.PREFILL_SWITCH, "1")
     with caplog.at_level(logging.INFO, logger=plugin.__name__):
         plugin.register()
-    assert "takes exp(g) in this vLLM: its calls stay vLLM's" in caplog.text
-    assert module.fi_chunk_gated_delta_rule is plugin.fi_chunk_call
+    assert "takes exp(g) in this vLLM: kdispatch takes its log" in caplog.text
+    kw, ref = vllm_prefill_call()
+    ref[3][5, 2] = -200.0  # a decay exp(g) underflows: 0 in fp32
+    want_out, want_states = registry.get("gdn_prefill_gathered_qk4_v8", "reference").fn(*ref)
+    gate = kw["g"].exp()
+    assert gate[0, 5, 2] == 0
+    # finite where the gate underflowed: the chunked kernels difference cumulative log decays (-inf - -inf)
+    assert bool(torch.isfinite(plugin._log_decay(gate)).all())
+    buffer = torch.full((40, 8, 128), float("nan"), dtype=torch.bfloat16)
+    out, states = module.fi_chunk_gated_delta_rule(**{**kw, "g": gate}, output=buffer)
+    assert calls == [] and out.data_ptr() == buffer.data_ptr()
+    torch.testing.assert_close(buffer, want_out, rtol=1e-2, atol=1e-2)  # bf16 outputs of log(exp(g)), g
+    torch.testing.assert_close(states, want_states, rtol=1e-4, atol=1e-4)
+
+
+def test_vllm_034s_prefill_given_back_reaches_vllm_with_its_gates_as_they_came(monkeypatch, fake_vllm,
+                                                                              kernels_here):
+    """A 0.34 call its router gives back, or with state checkpoints, reaches vLLM's function with exp(g)
+    and `output` untouched; a function whose code cannot be read keeps its calls."""
+    module, calls = fake_vllm
+    module.fi_chunk_gated_delta_rule = _fi_chunk_034(calls)
+    monkeypatch.setenv(plugin.SWITCH, "1")
+    monkeypatch.setenv(plugin.PREFILL_SWITCH, "1")
+    plugin.register()
     kw, _ = vllm_prefill_call()
-    buffer = torch.empty(40, 8, 128, dtype=torch.bfloat16)
-    module.fi_chunk_gated_delta_rule(**{**kw, "g": kw["g"].exp()}, output=buffer)
-    module.fi_chunk_gated_delta_rule(**{**kw, "g": kw["g"].exp()})
-    assert calls == [("fi 0.34", buffer), ("fi 0.34", None)]
-    assert "exp(g)" in plugin.PREFILL_STATS["first_pass_reason"]
+    gate, buffer = kw["g"].exp(), torch.empty(40, 8, 128, dtype=torch.bfloat16)
+    module.fi_chunk_gated_delta_rule(**{**kw, "g": gate}, output=buffer, state_checkpoints=torch.zeros(1, 8, 128, 128),
+                                     checkpoint_every_n_tokens=64)
+    d, _ = routed_to_baseline(monkeypatch, "gdn_prefill_gathered_qk4_v8", "vllm_flashinfer_prefill")
+    module.fi_chunk_gated_delta_rule(**{**kw, "g": gate}, output=buffer)
+    d.reset()
+    assert [(c[1] is gate, c[2] is buffer) for c in calls] == [(True, True)] * 2
+    assert plugin._gates_taken(torch.exp) is None  # a builtin: no code to read
 
 
 def test_a_log_gate_prefill_with_an_output_buffer_is_written_there(monkeypatch, fake_vllm, kernels_here):

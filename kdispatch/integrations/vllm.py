@@ -31,9 +31,11 @@ vLLM's function:
   FlashInfer path does). vLLM's layer normalises q/k before the call, as the definitions want (a
   call asking the kernel to normalise them, `use_qk_l2norm_in_kernel=True`, stays vLLM's). vLLM 0.34
   hands its FlashInfer function the gate exp(g) where the definitions take the log decay, and an
-  `output` slice to write: those calls stay vLLM's (`_exponentiates_gates`; read from vLLM 0.34.0's
-  source, 2026-12-02), as do calls with FlashInfer state checkpoints (prefix caching's "align" mode) and every
-  call where those definitions have no router for the GPU yet (`serving.not_served`). They are
+  `output` slice to write (read from vLLM 0.34.0's source, 2026-12-02; `_gates_taken` tells the two
+  apart): a call kdispatch serves gets the log back first (`_log_decay`, one elementwise launch
+  more; calls its router gives back reach vLLM's function as they came) and its output written into
+  `output`. Calls with FlashInfer state checkpoints (prefix caching's "align" mode) stay vLLM's, as
+  does every call where those definitions have no router for the GPU yet (`serving.not_served`). They are
   routed with the batch's longest query as `max_seq_len`: `build` of vLLM's
   `GDNAttentionMetadataBuilder` is wrapped to note the batch's prefill count and
   `common_attn_metadata.max_query_len` (host-side, no sync) for the prefill calls with as many
@@ -122,8 +124,10 @@ def register() -> str | None:
                 setattr(module, kernel, ours)
         why_not = ("" if not prefill or _wrap_metadata_build()
                    else f"; no {METADATA_BUILDER}: prefill routed without its longest sequence")
-        if FI_PREFILL in _originals and not _exponentiates_gates(_originals[FI_PREFILL]):
-            why_not += f"; {FI_PREFILL} takes exp(g) in this vLLM: its calls stay vLLM's"
+        gates = _gates_taken(_originals[FI_PREFILL]) if FI_PREFILL in _originals else "log"
+        why_not += ("" if gates == "log" else
+                    f"; {FI_PREFILL} takes exp(g) in this vLLM: kdispatch takes its log where it serves a call"
+                    if gates == "exp" else f"; {FI_PREFILL}'s gates unknown (code unreadable): its calls stay vLLM's")
         logger.info("kdispatch: vLLM GDN kernels replaced in %s: %s (%s=%s, %s=%s)%s", name,
                     ", ".join(k for k, _ in SWAPS if k in _originals), SWITCH, os.environ[SWITCH], PREFILL_SWITCH,
                     os.environ.get(PREFILL_SWITCH, ""), why_not)
@@ -237,9 +241,10 @@ def sigmoid_gating_call(A_log, a, b, dt_bias, q, k, v, beta=1.0, threshold=20.0,
 
 
 def _prefill_call(engine, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, l2norm_in_kernel,
-                  scale=None, core_attn_out=None, why=None):
+                  scale=None, core_attn_out=None, why=None, linear_gates=False):
     """A prefill call of vLLM's served by kdispatch (gdn_prefill_gathered) where its definitions cover
-    it and `why` (the caller's own reason not to) is None, else by `engine()`. Asked on every eager
+    it and `why` (the caller's own reason not to) is None, else by `engine()`; `linear_gates`: g is
+    exp(g), FlashInfer's convention (vLLM >= 0.34's FlashInfer calls). Asked on every eager
     prefill: the checks read attributes only, the [T, ...] views are built once, past the router's
     hand-back (what that saved an eager call: benchmarks/results/vllm-prefill-parts*-H200.json)."""
     if why is None:
@@ -266,8 +271,9 @@ def _prefill_call(engine, q, k, v, g, beta, initial_state, output_final_state, c
         serving.passed(PREFILL_STATS, why)
         return engine()
     return serving.attempt(PREFILL_STATS, short, v.device,
-                           lambda: _prefill(short, features, strided, decided[0], q, k, v, g, beta, scale,
-                                            initial_state, cu_seqlens, core_attn_out),
+                           lambda: _prefill(short, features, strided, decided[0], q, k, v,
+                                            _log_decay(g) if linear_gates else g, beta, scale, initial_state,
+                                            cu_seqlens, core_attn_out),
                            engine)
 
 
@@ -298,22 +304,30 @@ def fi_chunk_call(q, k, v, g, beta, initial_state, output_final_state, cu_seqlen
             checkpoint_cu_starts=checkpoint_cu_starts, checkpoint_every_n_tokens=checkpoint_every_n_tokens,
             use_cp=use_cp, **given)
 
+    gates = _gates_taken(original)
     why = ("FlashInfer state checkpoints" if state_checkpoints is not None or checkpoint_every_n_tokens else
            "context parallel asked for" if use_cp is True else
-           "gates given as exp(g), FlashInfer's own convention (vLLM >= 0.34): the definitions take the log decay"
-           if not _exponentiates_gates(original) else _unusable_buffer(output, v))
+           "gates of an unknown kind (the function's code unreadable)" if gates is None else
+           _unusable_buffer(output, v))
     return _prefill_call(engine, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens,
-                         use_qk_l2norm_in_kernel, core_attn_out=output, why=why)
+                         use_qk_l2norm_in_kernel, core_attn_out=output, why=why, linear_gates=gates == "exp")
 
 
 @functools.lru_cache(maxsize=8)
-def _exponentiates_gates(fi_chunk) -> bool:
-    """Does vLLM's fi_chunk_gated_delta_rule take g as the log decay, the definitions' `g`, and
-    exponentiate it for FlashInfer itself (vLLM <= 0.33: `torch.exp` in its code)? vLLM 0.34 passes
-    it exp(g) (its `fused_post_conv_prep(output_g_exp=True)`), which kdispatch would read as a log
-    decay: those calls stay vLLM's, as do calls to a function whose code does not say."""
+def _gates_taken(fi_chunk) -> str | None:
+    """What vLLM's fi_chunk_gated_delta_rule takes as g: "log", the definitions' log decay, which it
+    exponentiates for FlashInfer itself (vLLM <= 0.33: `torch.exp` in its code); "exp", FlashInfer's
+    exp(g), handed on as it came (vLLM 0.34: its `fused_post_conv_prep(output_g_exp=True)` makes it);
+    None where its code cannot be read (its calls stay vLLM's)."""
     code = getattr(inspect.unwrap(fi_chunk), "__code__", None)
-    return code is not None and "exp" in code.co_names
+    return None if code is None else "log" if "exp" in code.co_names else "exp"
+
+
+def _log_decay(gate: torch.Tensor) -> torch.Tensor:
+    """The definitions' log decay g from FlashInfer's gate exp(g). A gate that underflowed to 0 (g below
+    about -103) becomes log of the smallest normal float, about -87.3, not -inf, whose differences in
+    the kernels' cumulative decays would be NaN; exp(-87.3) is as much 0 beside 1 in fp32."""
+    return torch.log(gate.float().clamp_min(torch.finfo(torch.float32).tiny))
 
 
 def _unusable_buffer(buffer, v) -> str | None:
