@@ -379,7 +379,8 @@ __device__ __forceinline__ void walk(const Args& A) {
                 if (in[n * 2 + (c & 1)]) ob[(n * 8 + (c & 1)) * out_t + (c >> 1) * 8] = f_to_bf16(o[n][c]);
         // S = exp(G_end) S + (R^T diag(ek)) K: K rows as the B operand, transposed by ldmatrix. The decay per
         // element, off the chain to the next block's products: one scalar for it instead (S as sigma S^) put a
-        // multiply, a reciprocal and a branch on that chain, 13-27% slower (walk-issue-cut-ab, walk-lazy-decay-ab-H200.txt)
+        // multiply, a reciprocal and a branch on that chain, 13-27% slower (walk-issue-cut-ab-H200.txt and
+        // walk-lazy-decay-ab-H200.txt)
         as_a(a, r, ek);
 #pragma unroll
         for (int np = 0; np < 8; ++np) {
