@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-02T13:07:23Z
+# measured    up to 2026-12-02T15:48:46Z
 # workloads   156 (workload-set digest cb40fe76b93c6450)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -15,8 +15,8 @@
 #   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  85/150  0.76x  [65 screened out]
 #   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  83/150  0.75x  [67 screened out]
 #   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  83/150  0.70x  [67 screened out]
-#   cuda_prefill_staged.r32s4       0ec7dd6cd6a9712e  156/156  1.16x
-#   cuda_prefill_staged.r64s4       fec9b569b24a1594  156/156  1.22x
+#   cuda_prefill_staged.r32s4       c8ecfe249509d4b6  156/156  1.15x
+#   cuda_prefill_staged.r64s4       a4daa1bd24a6d1bb  156/156  1.22x
 #   flashinfer_direct               755eb6578bd0a1f3  156/156  1.12x
 #   triton_prefill_chunked.v64      91b329a0e287a87d  83/156  0.57x  [73 screened out]
 #   triton_prefill_fused.c16v32     6adb950fad8337e7  121/156  0.67x  [35 screened out]
@@ -42,62 +42,62 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.42% mean, 54.43% max;
-#             1.198x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.63% mean, 140.84% max;
-#             2.033x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.41% mean, 54.94% max;
+#             1.196x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.05% mean, 86.68% max;
+#             2.110x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 23 and num_seqs > 3 and mean_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.53x (1.12x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   2. total_seq_len <= 44 and num_seqs <= 3 and mean_seq_len <= 2834: triton_prefill_fused.c16v32, 4 workloads, 5.54x (4.82x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64
-#   3. total_seq_len <= 64 and num_seqs > 3 and mean_seq_len > 6: cuda_prefill_staged.r32s4, 6 workloads, 1.15x (1.11x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   4. num_seqs <= 3 and mean_seq_len > 2834: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   2. total_seq_len <= 44 and num_seqs <= 3 and mean_seq_len <= 619: triton_prefill_fused.c16v32, 4 workloads, 5.54x (4.82x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64
+#   3. total_seq_len <= 64 and num_seqs > 3 and mean_seq_len > 6: cuda_prefill_staged.r32s4, 6 workloads, 1.15x (1.11x .. 1.19x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   4. total_seq_len <= 2834 and num_seqs <= 3 and mean_seq_len > 619: cuda_prefill_staged.r32s4, 5 workloads, 1.34x (1.11x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
 #   5. 23 < total_seq_len <= 212 and num_seqs > 3 and mean_seq_len <= 6: cuda_prefill_staged.r64s4, 11 workloads, 1.42x (1.29x .. 1.57x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   6. 44 < total_seq_len <= 268 and num_seqs <= 3 and mean_seq_len <= 2834: cuda_prefill_staged.r32s4, 7 workloads, 3.36x (2.86x .. 3.85x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   6. 44 < total_seq_len <= 181 and num_seqs <= 3 and mean_seq_len <= 619: cuda_prefill_staged.r32s4, 3 workloads, 3.65x (3.41x .. 3.84x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
 #   7. 64 < total_seq_len <= 181 and num_seqs > 3 and mean_seq_len > 6: cuda_prefill_staged.r64s4, 10 workloads, 1.24x (1.04x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   8. 212 < total_seq_len <= 559 and num_seqs > 3 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 21 workloads, 1.39x (1.13x .. 1.59x) over vllm_flashinfer_prefill
-#   9. 212 < total_seq_len <= 559 and num_seqs > 3 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   10. total_seq_len > 268 and num_seqs <= 2 and 603 < mean_seq_len <= 2834: cuda_prefill_staged.r32s4, 6 workloads, 1.30x (1.03x .. 1.75x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 268 and num_seqs <= 3 and mean_seq_len <= 603: cuda_prefill_staged.r64s4, 5 workloads, 1.87x (1.04x .. 2.37x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r32s4
-#   12. total_seq_len > 559 and num_seqs > 3 and mean_seq_len <= 29: cuda_prefill_staged.r64s4, 12 workloads, 1.44x (1.13x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   8. total_seq_len > 181 and num_seqs <= 1 and mean_seq_len <= 619: cuda_prefill_staged.r32s4, 2 workloads, 2.53x (2.25x .. 2.85x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   9. total_seq_len > 181 and 1 < num_seqs <= 3 and mean_seq_len <= 619: cuda_prefill_staged.r64s4, 7 workloads, 2.32x (1.04x .. 3.39x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, flashinfer_direct
+#   10. 212 < total_seq_len <= 559 and num_seqs > 3 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 21 workloads, 1.39x (1.12x .. 1.59x) over vllm_flashinfer_prefill
+#   11. 212 < total_seq_len <= 559 and num_seqs > 3 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   12. total_seq_len > 559 and num_seqs > 3 and mean_seq_len <= 29: cuda_prefill_staged.r64s4, 12 workloads, 1.44x (1.13x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
 #   13. total_seq_len > 559 and num_seqs > 3 and mean_seq_len > 29: vllm_flashinfer_prefill (baseline), 53 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   14. total_seq_len > 2834 and num_seqs <= 3 and mean_seq_len > 619: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 118 and mean_seq_len > 10: cuda_prefill_pool_rows.k8c8, 8 workloads, 5.94x (2.68x .. 12.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 362 and num_seqs <= 5 and mean_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 7 workloads, 4.43x (3.07x .. 9.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 362 and num_seqs > 5 and mean_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 21 workloads, 2.90x (1.74x .. 4.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64
-#   4. 118 < total_seq_len <= 181 and mean_seq_len > 10: cuda_prefill_staged.r32s4, 7 workloads, 2.31x (1.25x .. 5.96x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. 181 < total_seq_len <= 3821 and mean_seq_len > 10: cuda_prefill_staged.r64s4, 71 workloads, 2.72x (1.19x .. 6.58x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   6. 362 < total_seq_len <= 3821 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.27x (2.00x .. 2.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. 362 < total_seq_len <= 3821 and 3 < mean_seq_len <= 10: cuda_prefill_staged.r64s4, 10 workloads, 1.84x (1.61x .. 2.24x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
-#   8. total_seq_len > 3821 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len > 3821 and num_seqs > 2: flashinfer_direct, 24 workloads, 1.38x (1.12x .. 1.62x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 104 and mean_seq_len > 6: cuda_prefill_pool_rows.k8c8, 12 workloads, 5.24x (2.68x .. 12.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 212 and mean_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 18 workloads, 3.33x (2.18x .. 9.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64
+#   3. 104 < total_seq_len <= 3821 and mean_seq_len > 6: cuda_prefill_staged.r64s4, 88 workloads, 2.78x (1.00x .. 9.08x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   4. 212 < total_seq_len <= 3821 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.27x (2.00x .. 2.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. 212 < total_seq_len <= 3821 and 3 < mean_seq_len <= 6: cuda_prefill_staged.r64s4, 6 workloads, 2.05x (1.66x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. 3821 < total_seq_len <= 7968: cuda_prefill_staged.r32s4, 3 workloads, 1.71x (1.48x .. 1.96x) over vllm_flashinfer_prefill
+#   7. total_seq_len > 7968 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len > 7968 and num_seqs > 2: flashinfer_direct, 22 workloads, 1.36x (1.12x .. 1.62x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (3, None), 'total_seq_len': (None, 23)}, 'workloads': 6, 'speedup': (1.12, 1.53, 1.78), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 2834), 'num_seqs': (None, 3), 'total_seq_len': (None, 44)}, 'workloads': 4, 'speedup': (4.82, 5.54, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (3, None), 'total_seq_len': (None, 64)}, 'workloads': 6, 'speedup': (1.11, 1.15, 1.18), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2834, None), 'num_seqs': (None, 3)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (None, 3), 'total_seq_len': (None, 44)}, 'workloads': 4, 'speedup': (4.82, 5.54, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (3, None), 'total_seq_len': (None, 64)}, 'workloads': 6, 'speedup': (1.11, 1.15, 1.19), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (619, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 2834)}, 'workloads': 5, 'speedup': (1.11, 1.34, 1.73), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
     {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (3, None), 'total_seq_len': (23, 212)}, 'workloads': 11, 'speedup': (1.29, 1.42, 1.57), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 2834), 'num_seqs': (None, 3), 'total_seq_len': (44, 268)}, 'workloads': 7, 'speedup': (2.86, 3.36, 3.85), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (None, 3), 'total_seq_len': (44, 181)}, 'workloads': 3, 'speedup': (3.41, 3.65, 3.84), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (3, None), 'total_seq_len': (64, 181)}, 'workloads': 10, 'speedup': (1.04, 1.24, 1.41), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (3, None), 'total_seq_len': (212, 559)}, 'workloads': 21, 'speedup': (1.13, 1.39, 1.59), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (3, None), 'total_seq_len': (212, 559)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (603, 2834), 'num_seqs': (None, 2), 'total_seq_len': (268, None)}, 'workloads': 6, 'speedup': (1.03, 1.3, 1.75), 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 603), 'num_seqs': (None, 3), 'total_seq_len': (268, None)}, 'workloads': 5, 'speedup': (1.04, 1.87, 2.37), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r32s4')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 29), 'num_seqs': (3, None), 'total_seq_len': (559, None)}, 'workloads': 12, 'speedup': (1.13, 1.44, 1.55), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (None, 1), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (2.25, 2.53, 2.85), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (1, 3), 'total_seq_len': (181, None)}, 'workloads': 7, 'speedup': (1.04, 2.32, 3.39), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (3, None), 'total_seq_len': (212, 559)}, 'workloads': 21, 'speedup': (1.12, 1.39, 1.59), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (3, None), 'total_seq_len': (212, 559)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 29), 'num_seqs': (3, None), 'total_seq_len': (559, None)}, 'workloads': 12, 'speedup': (1.13, 1.44, 1.56), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
     {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (29, None), 'num_seqs': (3, None), 'total_seq_len': (559, None)}, 'workloads': 53, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (619, None), 'num_seqs': (None, 3), 'total_seq_len': (2834, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (10, None), 'total_seq_len': (None, 118)}, 'workloads': 8, 'speedup': (2.68, 5.94, 12.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 10), 'num_seqs': (None, 5), 'total_seq_len': (None, 362)}, 'workloads': 7, 'speedup': (3.07, 4.43, 9.57), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 10), 'num_seqs': (5, None), 'total_seq_len': (None, 362)}, 'workloads': 21, 'speedup': (1.74, 2.9, 4.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (10, None), 'total_seq_len': (118, 181)}, 'workloads': 7, 'speedup': (1.25, 2.31, 5.96), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (10, None), 'total_seq_len': (181, 3821)}, 'workloads': 71, 'speedup': (1.19, 2.72, 6.58), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (362, 3821)}, 'workloads': 4, 'speedup': (2.0, 2.27, 2.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, 10), 'total_seq_len': (362, 3821)}, 'workloads': 10, 'speedup': (1.61, 1.84, 2.24), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (3821, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (2, None), 'total_seq_len': (3821, None)}, 'workloads': 24, 'speedup': (1.12, 1.38, 1.62), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (6, None), 'total_seq_len': (None, 104)}, 'workloads': 12, 'speedup': (2.68, 5.24, 12.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (None, 212)}, 'workloads': 18, 'speedup': (2.18, 3.33, 9.79), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (6, None), 'total_seq_len': (104, 3821)}, 'workloads': 88, 'speedup': (1.0, 2.78, 9.08), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (212, 3821)}, 'workloads': 4, 'speedup': (2.0, 2.27, 2.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, 6), 'total_seq_len': (212, 3821)}, 'workloads': 6, 'speedup': (1.66, 2.05, 2.64), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'total_seq_len': (3821, 7968)}, 'workloads': 3, 'speedup': (1.48, 1.71, 1.96), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (7968, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (2, None), 'total_seq_len': (7968, None)}, 'workloads': 22, 'speedup': (1.12, 1.36, 1.62), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -110,73 +110,73 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len <= 23 and num_seqs > 3 and mean_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 2: 4 workloads, 5.54x (4.82x .. 6.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 44 and num_seqs <= 3 and mean_seq_len <= 2834:
+    if total_seq_len <= 44 and num_seqs <= 3 and mean_seq_len <= 619:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 6 workloads, 1.15x (1.11x .. 1.18x) over vllm_flashinfer_prefill
+    # region 3: 6 workloads, 1.15x (1.11x .. 1.19x) over vllm_flashinfer_prefill
     if total_seq_len <= 64 and num_seqs > 3 and mean_seq_len > 6:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 4: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 3 and mean_seq_len > 2834:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill'
+    # region 4: 5 workloads, 1.34x (1.11x .. 1.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2834 and num_seqs <= 3 and mean_seq_len > 619:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
     # region 5: 11 workloads, 1.42x (1.29x .. 1.57x) over vllm_flashinfer_prefill
     if 23 < total_seq_len <= 212 and num_seqs > 3 and mean_seq_len <= 6:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 7 workloads, 3.36x (2.86x .. 3.85x) over vllm_flashinfer_prefill
-    if 44 < total_seq_len <= 268 and num_seqs <= 3 and mean_seq_len <= 2834:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 3 workloads, 3.65x (3.41x .. 3.84x) over vllm_flashinfer_prefill
+    if 44 < total_seq_len <= 181 and num_seqs <= 3 and mean_seq_len <= 619:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
     # region 7: 10 workloads, 1.24x (1.04x .. 1.41x) over vllm_flashinfer_prefill
     if 64 < total_seq_len <= 181 and num_seqs > 3 and mean_seq_len > 6:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 21 workloads, 1.39x (1.13x .. 1.59x) over vllm_flashinfer_prefill
+    # region 8: 2 workloads, 2.53x (2.25x .. 2.85x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 1 and mean_seq_len <= 619:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 7 workloads, 2.32x (1.04x .. 3.39x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 1 < num_seqs <= 3 and mean_seq_len <= 619:
+        return ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 21 workloads, 1.39x (1.12x .. 1.59x) over vllm_flashinfer_prefill
     if 212 < total_seq_len <= 559 and num_seqs > 3 and mean_seq_len <= 45:
         return 'cuda_prefill_staged.r64s4'
-    # region 9: 10 workloads, the baseline; its stand-ins where it cannot run here
+    # region 11: 10 workloads, the baseline; its stand-ins where it cannot run here
     if 212 < total_seq_len <= 559 and num_seqs > 3 and mean_seq_len > 45:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 6 workloads, 1.30x (1.03x .. 1.75x) over vllm_flashinfer_prefill
-    if total_seq_len > 268 and num_seqs <= 2 and 603 < mean_seq_len <= 2834:
-        return 'cuda_prefill_staged.r32s4'
-    # region 11: 5 workloads, 1.87x (1.04x .. 2.37x) over vllm_flashinfer_prefill
-    if total_seq_len > 268 and num_seqs <= 3 and mean_seq_len <= 603:
-        return ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 12 workloads, 1.44x (1.13x .. 1.55x) over vllm_flashinfer_prefill
+    # region 12: 12 workloads, 1.44x (1.13x .. 1.56x) over vllm_flashinfer_prefill
     if total_seq_len > 559 and num_seqs > 3 and mean_seq_len <= 29:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
     # region 13: 53 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 559 and num_seqs > 3 and mean_seq_len > 29:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 14: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2834 and num_seqs <= 3 and mean_seq_len > 619:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 8 workloads, 5.94x (2.68x .. 12.47x) over vllm_flashinfer_prefill
-    if total_seq_len <= 118 and mean_seq_len > 10:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 7 workloads, 4.43x (3.07x .. 9.57x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs <= 5 and mean_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 21 workloads, 2.90x (1.74x .. 4.34x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 5 and mean_seq_len <= 10:
+    # region 1: 12 workloads, 5.24x (2.68x .. 12.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 104 and mean_seq_len > 6:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 18 workloads, 3.33x (2.18x .. 9.79x) over vllm_flashinfer_prefill
+    if total_seq_len <= 212 and mean_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 7 workloads, 2.31x (1.25x .. 5.96x) over vllm_flashinfer_prefill
-    if 118 < total_seq_len <= 181 and mean_seq_len > 10:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 5: 71 workloads, 2.72x (1.19x .. 6.58x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 3821 and mean_seq_len > 10:
+    # region 3: 88 workloads, 2.78x (1.00x .. 9.08x) over vllm_flashinfer_prefill
+    if 104 < total_seq_len <= 3821 and mean_seq_len > 6:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 4 workloads, 2.27x (2.00x .. 2.48x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 3821 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 10 workloads, 1.84x (1.61x .. 2.24x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 3821 and 3 < mean_seq_len <= 10:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3821 and num_seqs <= 2:
+    # region 4: 4 workloads, 2.27x (2.00x .. 2.48x) over vllm_flashinfer_prefill
+    if 212 < total_seq_len <= 3821 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 6 workloads, 2.05x (1.66x .. 2.64x) over vllm_flashinfer_prefill
+    if 212 < total_seq_len <= 3821 and 3 < mean_seq_len <= 6:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 3 workloads, 1.71x (1.48x .. 1.96x) over vllm_flashinfer_prefill
+    if 3821 < total_seq_len <= 7968:
+        return 'cuda_prefill_staged.r32s4'
+    # region 7: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7968 and num_seqs <= 2:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 24 workloads, 1.38x (1.12x .. 1.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 3821 and num_seqs > 2:
+    # region 8: 22 workloads, 1.36x (1.12x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 7968 and num_seqs > 2:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -186,151 +186,143 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.45% mean, 39.53% max;
-#             1.212x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.99% mean, 29.98% max;
-#             2.148x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.39% mean, 39.53% max;
+#             1.211x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.68% mean, 41.14% max;
+#             2.199x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 2 and num_seqs <= 1: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 11 and 1 < num_seqs <= 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64
 #   3. total_seq_len <= 22 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 898: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.70x (1.61x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   4. total_seq_len <= 58 and num_seqs > 3 and 2 < mean_seq_len <= 6 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.48x (1.33x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   5. total_seq_len <= 58 and num_seqs > 3 and 2 < mean_seq_len <= 6 and 8 < max_seq_len <= 898: cuda_prefill_staged.r32s4, 3 workloads, 1.27x (1.26x .. 1.28x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   5. total_seq_len <= 58 and num_seqs > 3 and 2 < mean_seq_len <= 6 and 8 < max_seq_len <= 898: cuda_prefill_staged.r32s4, 3 workloads, 1.28x (1.27x .. 1.29x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   6. total_seq_len <= 58 and num_seqs > 3 and mean_seq_len > 6 and max_seq_len <= 13: triton_prefill_fused.c16v64, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8
-#   7. total_seq_len <= 58 and num_seqs > 3 and mean_seq_len > 6 and 13 < max_seq_len <= 898: cuda_prefill_staged.r32s4, 2 workloads, 1.17x (1.17x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   8. total_seq_len <= 1448 and 3 < num_seqs <= 5 and 898 < max_seq_len <= 1659: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4
-#   9. total_seq_len <= 2470 and 5 < num_seqs <= 11 and 898 < max_seq_len <= 1794: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 2470 and 5 < num_seqs <= 11 and max_seq_len > 1794: cuda_prefill_staged.r64s4, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   11. total_seq_len <= 2470 and 11 < num_seqs <= 45 and max_seq_len > 898: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   12. total_seq_len <= 2470 and num_seqs > 45 and max_seq_len > 898: cuda_prefill_staged.r64s4, 2 workloads, 1.31x (1.12x .. 1.52x) over vllm_flashinfer_prefill
-#   13. total_seq_len <= 2896 and 3 < num_seqs <= 5 and max_seq_len > 1659: cuda_prefill_staged.r64s4, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   7. total_seq_len <= 58 and num_seqs > 3 and mean_seq_len > 6 and 13 < max_seq_len <= 898: cuda_prefill_staged.r32s4, 2 workloads, 1.18x (1.17x .. 1.19x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   8. total_seq_len <= 2470 and 5 < num_seqs <= 11 and 898 < max_seq_len <= 1794: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 2470 and 5 < num_seqs <= 11 and max_seq_len > 1794: cuda_prefill_staged.r64s4, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   10. total_seq_len <= 2470 and 11 < num_seqs <= 45 and max_seq_len > 898: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   11. total_seq_len <= 2470 and num_seqs > 45 and max_seq_len > 898: cuda_prefill_staged.r64s4, 2 workloads, 1.26x (1.05x .. 1.52x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 2896 and 3 < num_seqs <= 5 and max_seq_len > 1659: cuda_prefill_staged.r64s4, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   13. 3 < num_seqs <= 5 and 898 < max_seq_len <= 1659: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
 #   14. 2 < total_seq_len <= 28 and num_seqs <= 1: triton_prefill_fused.c16v32, 2 workloads, 5.52x (4.82x .. 6.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64
 #   15. 11 < total_seq_len <= 28 and 1 < num_seqs <= 3: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
 #   16. 22 < total_seq_len <= 45 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64
 #   17. 22 < total_seq_len <= 45 and num_seqs > 3 and mean_seq_len <= 2 and 10 < max_seq_len <= 898: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   18. 28 < total_seq_len <= 45 and num_seqs <= 1 and max_seq_len <= 896: triton_prefill_fused.c16v32, 1 workloads, 4.86x (4.86x .. 4.86x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   19. 28 < total_seq_len <= 45 and 1 < num_seqs <= 3 and max_seq_len <= 896: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   20. 28 < total_seq_len <= 1773 and num_seqs <= 3 and 896 < max_seq_len <= 1018: cuda_prefill_staged.r64s4, 1 workloads, 2.04x (2.04x .. 2.04x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. 28 < total_seq_len <= 1773 and num_seqs <= 3 and 1018 < max_seq_len <= 1919: cuda_prefill_staged.r32s4, 3 workloads, 1.51x (1.38x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   22. 28 < total_seq_len <= 3821 and num_seqs <= 3 and mean_seq_len <= 2834 and max_seq_len > 1919: cuda_prefill_staged.r32s4, 3 workloads, 1.11x (1.03x .. 1.20x) over vllm_flashinfer_prefill
-#   23. total_seq_len > 28 and num_seqs <= 3 and mean_seq_len > 2834 and max_seq_len > 1919: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   24. 45 < total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   25. 45 < total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and 15 < max_seq_len <= 898: cuda_prefill_staged.r64s4, 1 workloads, 1.56x (1.56x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   26. 45 < total_seq_len <= 724 and num_seqs <= 3 and 333 < max_seq_len <= 896: cuda_prefill_staged.r32s4, 1 workloads, 2.26x (2.26x .. 2.26x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   27. total_seq_len > 45 and num_seqs <= 3 and max_seq_len <= 333: cuda_prefill_staged.r32s4, 8 workloads, 2.90x (1.04x .. 3.85x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   28. 58 < total_seq_len <= 91 and num_seqs > 3 and mean_seq_len > 2 and max_seq_len <= 898: cuda_prefill_staged.r64s4, 7 workloads, 1.25x (1.10x .. 1.42x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   29. total_seq_len > 91 and num_seqs > 3 and 2 < mean_seq_len <= 45 and max_seq_len <= 898: cuda_prefill_staged.r64s4, 45 workloads, 1.34x (1.04x .. 1.56x) over vllm_flashinfer_prefill
-#   30. total_seq_len > 91 and num_seqs > 3 and mean_seq_len > 45 and max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 35 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
-#   31. total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 18: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.57x (1.54x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   32. total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and 18 < max_seq_len <= 898: cuda_prefill_staged.r64s4, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   33. total_seq_len > 724 and num_seqs <= 3 and 333 < max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.21x (2.06x .. 2.39x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   34. total_seq_len > 1448 and 3 < num_seqs <= 5 and 898 < max_seq_len <= 1659: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   35. total_seq_len > 1773 and num_seqs <= 3 and 896 < max_seq_len <= 1919: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   36. total_seq_len > 2470 and num_seqs > 5 and mean_seq_len <= 45 and 898 < max_seq_len <= 1205: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   37. total_seq_len > 2470 and num_seqs > 5 and max_seq_len > 1205: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   38. total_seq_len > 2470 and num_seqs > 5 and mean_seq_len > 45 and 898 < max_seq_len <= 1205: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
-#   39. total_seq_len > 2896 and 3 < num_seqs <= 5 and max_seq_len > 1659: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   40. total_seq_len > 3821 and num_seqs <= 3 and mean_seq_len <= 2834 and max_seq_len > 1919: vllm_flashinfer_prefill (baseline), 0 workloads
+#   18. 28 < total_seq_len <= 1752 and num_seqs <= 3 and mean_seq_len <= 1254 and max_seq_len > 1018: cuda_prefill_staged.r32s4, 2 workloads, 1.57x (1.42x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   19. 28 < total_seq_len <= 2834 and num_seqs <= 3 and mean_seq_len > 1254: cuda_prefill_staged.r32s4, 3 workloads, 1.21x (1.11x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   20. total_seq_len > 28 and num_seqs <= 3 and mean_seq_len <= 1254 and max_seq_len <= 590: cuda_prefill_staged.r32s4, 11 workloads, 2.86x (1.04x .. 4.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   21. total_seq_len > 28 and num_seqs <= 3 and mean_seq_len <= 1254 and 590 < max_seq_len <= 864: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   22. total_seq_len > 28 and num_seqs <= 3 and mean_seq_len <= 1254 and 864 < max_seq_len <= 1018: cuda_prefill_staged.r64s4, 2 workloads, 2.06x (2.02x .. 2.11x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4
+#   23. 45 < total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   24. 45 < total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 898: cuda_prefill_staged.r64s4, 1 workloads, 1.56x (1.56x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   25. 58 < total_seq_len <= 91 and num_seqs > 3 and mean_seq_len > 2 and max_seq_len <= 898: cuda_prefill_staged.r64s4, 7 workloads, 1.25x (1.10x .. 1.42x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   26. total_seq_len > 91 and num_seqs > 3 and 2 < mean_seq_len <= 45 and max_seq_len <= 898: cuda_prefill_staged.r64s4, 45 workloads, 1.34x (1.04x .. 1.56x) over vllm_flashinfer_prefill
+#   27. total_seq_len > 91 and num_seqs > 3 and mean_seq_len > 45 and max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 35 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
+#   28. total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.57x (1.54x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   29. total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and 21 < max_seq_len <= 898: cuda_prefill_staged.r64s4, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   30. total_seq_len > 1752 and num_seqs <= 3 and mean_seq_len <= 1254 and max_seq_len > 1018: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   31. total_seq_len > 2470 and num_seqs > 5 and mean_seq_len <= 45 and 898 < max_seq_len <= 1205: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   32. total_seq_len > 2470 and num_seqs > 5 and max_seq_len > 1205: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   33. total_seq_len > 2470 and num_seqs > 5 and mean_seq_len > 45 and 898 < max_seq_len <= 1205: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
+#   34. total_seq_len > 2834 and num_seqs <= 3 and mean_seq_len > 1254: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   35. total_seq_len > 2896 and 3 < num_seqs <= 5 and max_seq_len > 1659: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 11 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 11 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 22 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 1 workloads, 3.07x (3.07x .. 3.07x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 41 and num_seqs <= 5 and max_seq_len > 8: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.20x (4.17x .. 12.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 41 and num_seqs <= 5 and max_seq_len > 8: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.20x (4.17x .. 12.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
 #   4. total_seq_len <= 41 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 2 workloads, 6.39x (4.17x .. 9.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
 #   5. total_seq_len <= 41 and num_seqs > 5 and max_seq_len > 8: cuda_prefill_pool_rows.k4c8, 3 workloads, 3.15x (2.82x .. 3.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   6. 11 < total_seq_len <= 41 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.72x (3.19x .. 4.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   7. 22 < total_seq_len <= 41 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.98x (3.98x .. 3.98x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   6. 11 < total_seq_len <= 41 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.72x (3.19x .. 4.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   7. 22 < total_seq_len <= 41 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.98x (3.98x .. 3.98x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
 #   8. 41 < total_seq_len <= 106 and max_seq_len > 63: cuda_prefill_pool_rows.k8c8, 2 workloads, 7.86x (7.77x .. 7.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. 41 < total_seq_len <= 150 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 15 workloads, 3.17x (1.75x .. 4.37x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   10. 106 < total_seq_len <= 150 and max_seq_len > 63: cuda_prefill_staged.r64s4, 6 workloads, 2.39x (1.62x .. 5.91x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   11. 150 < total_seq_len <= 678 and mean_seq_len <= 2 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.38x (2.29x .. 2.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. 150 < total_seq_len <= 678 and mean_seq_len <= 2 and max_seq_len > 45: cuda_prefill_staged.r64s4, 1 workloads, 2.12x (2.12x .. 2.12x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. 150 < total_seq_len <= 678 and 2 < mean_seq_len <= 4 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.25x (2.06x .. 2.36x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   14. 150 < total_seq_len <= 678 and 2 < mean_seq_len <= 4 and max_seq_len > 22: cuda_prefill_staged.r64s4, 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. 150 < total_seq_len <= 678 and mean_seq_len > 4: cuda_prefill_staged.r64s4, 32 workloads, 2.56x (1.19x .. 6.58x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   16. 678 < total_seq_len <= 3821: cuda_prefill_staged.r64s4, 50 workloads, 2.61x (1.51x .. 5.94x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   17. 3821 < total_seq_len <= 7968 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   18. 3821 < total_seq_len <= 7968 and num_seqs > 1: cuda_prefill_staged.r64s4, 2 workloads, 1.98x (1.81x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 7968 < total_seq_len <= 11585 and mean_seq_len <= 90 and max_seq_len <= 2896: cuda_prefill_staged.r64s4, 2 workloads, 1.74x (1.57x .. 1.92x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   20. 7968 < total_seq_len <= 11585 and mean_seq_len <= 90 and max_seq_len > 2896: flashinfer_direct, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   21. total_seq_len > 7968 and num_seqs <= 5 and 90 < mean_seq_len <= 5792 and max_seq_len <= 5418: flashinfer_direct, 2 workloads, 1.56x (1.56x .. 1.57x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   22. total_seq_len > 7968 and num_seqs <= 5 and 90 < mean_seq_len <= 5792 and max_seq_len > 5418: cuda_prefill_staged.r64s4, 1 workloads, 1.86x (1.86x .. 1.86x) over vllm_flashinfer_prefill
-#   23. total_seq_len > 7968 and mean_seq_len > 5792: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   24. total_seq_len > 7968 and num_seqs > 5 and 90 < mean_seq_len <= 5792 and max_seq_len <= 16380: flashinfer_direct, 16 workloads, 1.36x (1.12x .. 1.62x) over vllm_flashinfer_prefill
-#   25. total_seq_len > 7968 and num_seqs > 5 and 90 < mean_seq_len <= 5792 and max_seq_len > 16380: vllm_flashinfer_prefill (baseline), 0 workloads
-#   26. total_seq_len > 11585 and mean_seq_len <= 90 and max_seq_len <= 724: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 11585 and mean_seq_len <= 90 and max_seq_len > 724: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   9. 41 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.59x (2.36x .. 2.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
+#   10. 41 < total_seq_len <= 150 and mean_seq_len <= 2 and 12 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   11. 41 < total_seq_len <= 150 and mean_seq_len > 2 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 11 workloads, 3.27x (1.75x .. 4.37x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
+#   12. 41 < total_seq_len <= 150 and mean_seq_len > 2 and 44 < max_seq_len <= 63: cuda_prefill_staged.r64s4, 2 workloads, 3.75x (3.68x .. 3.82x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   13. 106 < total_seq_len <= 150 and max_seq_len > 63: cuda_prefill_staged.r64s4, 6 workloads, 2.55x (1.33x .. 6.77x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   14. 150 < total_seq_len <= 791 and mean_seq_len <= 2 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.38x (2.29x .. 2.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   15. 150 < total_seq_len <= 791 and mean_seq_len <= 2 and max_seq_len > 45: cuda_prefill_staged.r64s4, 1 workloads, 2.07x (2.07x .. 2.07x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. 150 < total_seq_len <= 791 and 2 < mean_seq_len <= 5 and max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.29x (2.06x .. 2.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 150 < total_seq_len <= 791 and 2 < mean_seq_len <= 5 and max_seq_len > 15: cuda_prefill_staged.r64s4, 1 workloads, 2.64x (2.64x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 150 < total_seq_len <= 3821 and mean_seq_len > 5: cuda_prefill_staged.r64s4, 78 workloads, 2.80x (1.18x .. 9.08x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   19. 791 < total_seq_len <= 3821 and mean_seq_len <= 5: cuda_prefill_staged.r64s4, 3 workloads, 1.89x (1.66x .. 2.12x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. 3821 < total_seq_len <= 7968 and num_seqs <= 1: cuda_prefill_staged.r32s4, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill
+#   21. 3821 < total_seq_len <= 7968 and num_seqs > 1: cuda_prefill_staged.r64s4, 2 workloads, 1.96x (1.84x .. 2.09x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   22. 7968 < total_seq_len <= 17695 and max_seq_len <= 725: cuda_prefill_staged.r64s4, 6 workloads, 1.73x (1.48x .. 2.21x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   23. total_seq_len > 7968 and num_seqs <= 5 and mean_seq_len <= 5792 and 725 < max_seq_len <= 5418: flashinfer_direct, 2 workloads, 1.56x (1.56x .. 1.57x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 7968 and num_seqs <= 5 and mean_seq_len <= 5792 and max_seq_len > 5418: cuda_prefill_staged.r64s4, 1 workloads, 1.89x (1.89x .. 1.89x) over vllm_flashinfer_prefill
+#   25. total_seq_len > 7968 and mean_seq_len > 5792 and max_seq_len > 725: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len > 7968 and num_seqs > 5 and mean_seq_len <= 5792 and 725 < max_seq_len <= 16380: flashinfer_direct, 11 workloads, 1.35x (1.15x .. 1.62x) over vllm_flashinfer_prefill
+#   27. total_seq_len > 7968 and num_seqs > 5 and mean_seq_len <= 5792 and max_seq_len > 16380: vllm_flashinfer_prefill (baseline), 0 workloads
+#   28. total_seq_len > 17695 and max_seq_len <= 725: flashinfer_direct, 2 workloads, 1.18x (1.12x .. 1.24x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (8.91, 8.91, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 898), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (None, 22)}, 'workloads': 3, 'speedup': (1.61, 1.7, 1.78), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (2, 6), 'num_seqs': (3, None), 'total_seq_len': (None, 58)}, 'workloads': 4, 'speedup': (1.33, 1.48, 1.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (8, 898), 'mean_seq_len': (2, 6), 'num_seqs': (3, None), 'total_seq_len': (None, 58)}, 'workloads': 3, 'speedup': (1.26, 1.27, 1.28), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (8, 898), 'mean_seq_len': (2, 6), 'num_seqs': (3, None), 'total_seq_len': (None, 58)}, 'workloads': 3, 'speedup': (1.27, 1.28, 1.29), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
     {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (6, None), 'num_seqs': (3, None), 'total_seq_len': (None, 58)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (13, 898), 'mean_seq_len': (6, None), 'num_seqs': (3, None), 'total_seq_len': (None, 58)}, 'workloads': 2, 'speedup': (1.17, 1.17, 1.18), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, 1659), 'num_seqs': (3, 5), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4')},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (898, 1794), 'num_seqs': (5, 11), 'total_seq_len': (None, 2470)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 2470)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': (), 'hand_back': True},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (11, 45), 'total_seq_len': (None, 2470)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (45, None), 'total_seq_len': (None, 2470)}, 'workloads': 2, 'speedup': (1.12, 1.31, 1.52), 'fallbacks': ()},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1659, None), 'num_seqs': (3, 5), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (13, 898), 'mean_seq_len': (6, None), 'num_seqs': (3, None), 'total_seq_len': (None, 58)}, 'workloads': 2, 'speedup': (1.17, 1.18, 1.19), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (898, 1794), 'num_seqs': (5, 11), 'total_seq_len': (None, 2470)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 2470)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': (), 'hand_back': True},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (11, 45), 'total_seq_len': (None, 2470)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (45, None), 'total_seq_len': (None, 2470)}, 'workloads': 2, 'speedup': (1.05, 1.26, 1.52), 'fallbacks': ()},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1659, None), 'num_seqs': (3, 5), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (898, 1659), 'num_seqs': (3, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (2, 28)}, 'workloads': 2, 'speedup': (4.82, 5.52, 6.31), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64')},
     {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (11, 28)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
     {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (22, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64')},
     {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (10, 898), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (22, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 896), 'num_seqs': (None, 1), 'total_seq_len': (28, 45)}, 'workloads': 1, 'speedup': (4.86, 4.86, 4.86), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 896), 'num_seqs': (1, 3), 'total_seq_len': (28, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (896, 1018), 'num_seqs': (None, 3), 'total_seq_len': (28, 1773)}, 'workloads': 1, 'speedup': (2.04, 2.04, 2.04), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1018, 1919), 'num_seqs': (None, 3), 'total_seq_len': (28, 1773)}, 'workloads': 3, 'speedup': (1.38, 1.51, 1.75), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1919, None), 'mean_seq_len': (None, 2834), 'num_seqs': (None, 3), 'total_seq_len': (28, 3821)}, 'workloads': 3, 'speedup': (1.03, 1.11, 1.2), 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1919, None), 'mean_seq_len': (2834, None), 'num_seqs': (None, 3), 'total_seq_len': (28, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 15), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (45, 362)}, 'workloads': 2, 'speedup': (1.6, 1.63, 1.66), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (15, 898), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (45, 362)}, 'workloads': 1, 'speedup': (1.56, 1.56, 1.56), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (333, 896), 'num_seqs': (None, 3), 'total_seq_len': (45, 724)}, 'workloads': 1, 'speedup': (2.26, 2.26, 2.26), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 333), 'num_seqs': (None, 3), 'total_seq_len': (45, None)}, 'workloads': 8, 'speedup': (1.04, 2.9, 3.85), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 898), 'mean_seq_len': (2, None), 'num_seqs': (3, None), 'total_seq_len': (58, 91)}, 'workloads': 7, 'speedup': (1.1, 1.25, 1.42), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 898), 'mean_seq_len': (2, 45), 'num_seqs': (3, None), 'total_seq_len': (91, None)}, 'workloads': 45, 'speedup': (1.04, 1.34, 1.56), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 898), 'mean_seq_len': (45, None), 'num_seqs': (3, None), 'total_seq_len': (91, None)}, 'workloads': 35, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64')},
-    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 18), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.54, 1.57, 1.61), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (18, 898), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (333, 896), 'num_seqs': (None, 3), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (2.06, 2.21, 2.39), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (898, 1659), 'num_seqs': (3, 5), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (896, 1919), 'num_seqs': (None, 3), 'total_seq_len': (1773, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, 1205), 'mean_seq_len': (None, 45), 'num_seqs': (5, None), 'total_seq_len': (2470, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1205, None), 'num_seqs': (5, None), 'total_seq_len': (2470, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, 1205), 'mean_seq_len': (45, None), 'num_seqs': (5, None), 'total_seq_len': (2470, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1659, None), 'num_seqs': (3, 5), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1919, None), 'mean_seq_len': (None, 2834), 'num_seqs': (None, 3), 'total_seq_len': (3821, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1018, None), 'mean_seq_len': (None, 1254), 'num_seqs': (None, 3), 'total_seq_len': (28, 1752)}, 'workloads': 2, 'speedup': (1.42, 1.57, 1.73), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (1254, None), 'num_seqs': (None, 3), 'total_seq_len': (28, 2834)}, 'workloads': 3, 'speedup': (1.11, 1.21, 1.36), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 590), 'mean_seq_len': (None, 1254), 'num_seqs': (None, 3), 'total_seq_len': (28, None)}, 'workloads': 11, 'speedup': (1.04, 2.86, 4.31), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (590, 864), 'mean_seq_len': (None, 1254), 'num_seqs': (None, 3), 'total_seq_len': (28, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (864, 1018), 'mean_seq_len': (None, 1254), 'num_seqs': (None, 3), 'total_seq_len': (28, None)}, 'workloads': 2, 'speedup': (2.02, 2.06, 2.11), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (45, 362)}, 'workloads': 2, 'speedup': (1.6, 1.63, 1.66), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 898), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (45, 362)}, 'workloads': 1, 'speedup': (1.56, 1.56, 1.56), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 898), 'mean_seq_len': (2, None), 'num_seqs': (3, None), 'total_seq_len': (58, 91)}, 'workloads': 7, 'speedup': (1.1, 1.25, 1.42), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 898), 'mean_seq_len': (2, 45), 'num_seqs': (3, None), 'total_seq_len': (91, None)}, 'workloads': 45, 'speedup': (1.04, 1.34, 1.56), 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 898), 'mean_seq_len': (45, None), 'num_seqs': (3, None), 'total_seq_len': (91, None)}, 'workloads': 35, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.54, 1.57, 1.61), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (21, 898), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1018, None), 'mean_seq_len': (None, 1254), 'num_seqs': (None, 3), 'total_seq_len': (1752, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, 1205), 'mean_seq_len': (None, 45), 'num_seqs': (5, None), 'total_seq_len': (2470, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1205, None), 'num_seqs': (5, None), 'total_seq_len': (2470, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, 1205), 'mean_seq_len': (45, None), 'num_seqs': (5, None), 'total_seq_len': (2470, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1254, None), 'num_seqs': (None, 3), 'total_seq_len': (2834, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1659, None), 'num_seqs': (3, 5), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 4), 'total_seq_len': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 4), 'total_seq_len': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (3.07, 3.07, 3.07), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 41)}, 'workloads': 6, 'speedup': (4.17, 6.2, 12.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 41)}, 'workloads': 6, 'speedup': (4.17, 6.2, 12.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (None, 41)}, 'workloads': 2, 'speedup': (4.17, 6.39, 9.79), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, None), 'num_seqs': (5, None), 'total_seq_len': (None, 41)}, 'workloads': 3, 'speedup': (2.82, 3.15, 3.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 4), 'total_seq_len': (11, 41)}, 'workloads': 3, 'speedup': (3.19, 3.72, 4.12), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (22, 41)}, 'workloads': 1, 'speedup': (3.98, 3.98, 3.98), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 4), 'total_seq_len': (11, 41)}, 'workloads': 3, 'speedup': (3.19, 3.72, 4.12), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (22, 41)}, 'workloads': 1, 'speedup': (3.98, 3.98, 3.98), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (63, None), 'total_seq_len': (41, 106)}, 'workloads': 2, 'speedup': (7.77, 7.86, 7.94), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'total_seq_len': (41, 150)}, 'workloads': 15, 'speedup': (1.75, 3.17, 4.37), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, None), 'total_seq_len': (106, 150)}, 'workloads': 6, 'speedup': (1.62, 2.39, 5.91), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (None, 2), 'total_seq_len': (150, 678)}, 'workloads': 2, 'speedup': (2.29, 2.38, 2.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 2), 'total_seq_len': (150, 678)}, 'workloads': 1, 'speedup': (2.12, 2.12, 2.12), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (2, 4), 'total_seq_len': (150, 678)}, 'workloads': 3, 'speedup': (2.06, 2.25, 2.36), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (2, 4), 'total_seq_len': (150, 678)}, 'workloads': 1, 'speedup': (2.11, 2.11, 2.11), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (4, None), 'total_seq_len': (150, 678)}, 'workloads': 32, 'speedup': (1.19, 2.56, 6.58), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'total_seq_len': (678, 3821)}, 'workloads': 50, 'speedup': (1.51, 2.61, 5.94), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (3821, 7968)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (3821, 7968)}, 'workloads': 2, 'speedup': (1.81, 1.98, 2.16), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 2896), 'mean_seq_len': (None, 90), 'total_seq_len': (7968, 11585)}, 'workloads': 2, 'speedup': (1.57, 1.74, 1.92), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (None, 90), 'total_seq_len': (7968, 11585)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 5418), 'mean_seq_len': (90, 5792), 'num_seqs': (None, 5), 'total_seq_len': (7968, None)}, 'workloads': 2, 'speedup': (1.56, 1.56, 1.57), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (5418, None), 'mean_seq_len': (90, 5792), 'num_seqs': (None, 5), 'total_seq_len': (7968, None)}, 'workloads': 1, 'speedup': (1.86, 1.86, 1.86), 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5792, None), 'total_seq_len': (7968, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 16380), 'mean_seq_len': (90, 5792), 'num_seqs': (5, None), 'total_seq_len': (7968, None)}, 'workloads': 16, 'speedup': (1.12, 1.36, 1.62), 'fallbacks': ()},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16380, None), 'mean_seq_len': (90, 5792), 'num_seqs': (5, None), 'total_seq_len': (7968, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (None, 90), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (724, None), 'mean_seq_len': (None, 90), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 2), 'total_seq_len': (41, 150)}, 'workloads': 2, 'speedup': (2.36, 2.59, 2.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 63), 'mean_seq_len': (None, 2), 'total_seq_len': (41, 150)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (2, None), 'total_seq_len': (41, 150)}, 'workloads': 11, 'speedup': (1.75, 3.27, 4.37), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (44, 63), 'mean_seq_len': (2, None), 'total_seq_len': (41, 150)}, 'workloads': 2, 'speedup': (3.68, 3.75, 3.82), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, None), 'total_seq_len': (106, 150)}, 'workloads': 6, 'speedup': (1.33, 2.55, 6.77), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (None, 2), 'total_seq_len': (150, 791)}, 'workloads': 2, 'speedup': (2.29, 2.38, 2.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 2), 'total_seq_len': (150, 791)}, 'workloads': 1, 'speedup': (2.07, 2.07, 2.07), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 15), 'mean_seq_len': (2, 5), 'total_seq_len': (150, 791)}, 'workloads': 4, 'speedup': (2.06, 2.29, 2.39), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (15, None), 'mean_seq_len': (2, 5), 'total_seq_len': (150, 791)}, 'workloads': 1, 'speedup': (2.64, 2.64, 2.64), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (5, None), 'total_seq_len': (150, 3821)}, 'workloads': 78, 'speedup': (1.18, 2.8, 9.08), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (791, 3821)}, 'workloads': 3, 'speedup': (1.66, 1.89, 2.12), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (3821, 7968)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ()},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (3821, 7968)}, 'workloads': 2, 'speedup': (1.84, 1.96, 2.09), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 725), 'total_seq_len': (7968, 17695)}, 'workloads': 6, 'speedup': (1.48, 1.73, 2.21), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (725, 5418), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 5), 'total_seq_len': (7968, None)}, 'workloads': 2, 'speedup': (1.56, 1.56, 1.57), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (5418, None), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 5), 'total_seq_len': (7968, None)}, 'workloads': 1, 'speedup': (1.89, 1.89, 1.89), 'fallbacks': ()},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (725, None), 'mean_seq_len': (5792, None), 'total_seq_len': (7968, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (725, 16380), 'mean_seq_len': (None, 5792), 'num_seqs': (5, None), 'total_seq_len': (7968, None)}, 'workloads': 11, 'speedup': (1.15, 1.35, 1.62), 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16380, None), 'mean_seq_len': (None, 5792), 'num_seqs': (5, None), 'total_seq_len': (7968, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 725), 'total_seq_len': (17695, None)}, 'workloads': 2, 'speedup': (1.12, 1.18, 1.24), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -351,33 +343,33 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 4: 4 workloads, 1.48x (1.33x .. 1.56x) over vllm_flashinfer_prefill
     if total_seq_len <= 58 and num_seqs > 3 and 2 < mean_seq_len <= 6 and max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 3 workloads, 1.27x (1.26x .. 1.28x) over vllm_flashinfer_prefill
+    # region 5: 3 workloads, 1.28x (1.27x .. 1.29x) over vllm_flashinfer_prefill
     if total_seq_len <= 58 and num_seqs > 3 and 2 < mean_seq_len <= 6 and 8 < max_seq_len <= 898:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
     # region 6: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
     if total_seq_len <= 58 and num_seqs > 3 and mean_seq_len > 6 and max_seq_len <= 13:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 2 workloads, 1.17x (1.17x .. 1.18x) over vllm_flashinfer_prefill
+    # region 7: 2 workloads, 1.18x (1.17x .. 1.19x) over vllm_flashinfer_prefill
     if total_seq_len <= 58 and num_seqs > 3 and mean_seq_len > 6 and 13 < max_seq_len <= 898:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
     # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1448 and 3 < num_seqs <= 5 and 898 < max_seq_len <= 1659:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 2470 and 5 < num_seqs <= 11 and 898 < max_seq_len <= 1794:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 10: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill's guarded call
+    # region 9: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len <= 2470 and 5 < num_seqs <= 11 and max_seq_len > 1794:
         return 'cuda_prefill_staged.r64s4'
-    # region 11: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 2470 and 11 < num_seqs <= 45 and max_seq_len > 898:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 2 workloads, 1.31x (1.12x .. 1.52x) over vllm_flashinfer_prefill
+    # region 11: 2 workloads, 1.26x (1.05x .. 1.52x) over vllm_flashinfer_prefill
     if total_seq_len <= 2470 and num_seqs > 45 and max_seq_len > 898:
         return 'cuda_prefill_staged.r64s4'
-    # region 13: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    # region 12: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and 3 < num_seqs <= 5 and max_seq_len > 1659:
         return 'cuda_prefill_staged.r64s4'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if 3 < num_seqs <= 5 and 898 < max_seq_len <= 1659:
+        return 'flashinfer_direct'
     # region 14: 2 workloads, 5.52x (4.82x .. 6.31x) over vllm_flashinfer_prefill
     if 2 < total_seq_len <= 28 and num_seqs <= 1:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
@@ -390,70 +382,58 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 17: 0 workloads, by estimated times (no measured workload in it)
     if 22 < total_seq_len <= 45 and num_seqs > 3 and mean_seq_len <= 2 and 10 < max_seq_len <= 898:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 18: 1 workloads, 4.86x (4.86x .. 4.86x) over vllm_flashinfer_prefill
-    if 28 < total_seq_len <= 45 and num_seqs <= 1 and max_seq_len <= 896:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if 28 < total_seq_len <= 45 and 1 < num_seqs <= 3 and max_seq_len <= 896:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_staged.r32s4'
-    # region 20: 1 workloads, 2.04x (2.04x .. 2.04x) over vllm_flashinfer_prefill
-    if 28 < total_seq_len <= 1773 and num_seqs <= 3 and 896 < max_seq_len <= 1018:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 3 workloads, 1.51x (1.38x .. 1.75x) over vllm_flashinfer_prefill
-    if 28 < total_seq_len <= 1773 and num_seqs <= 3 and 1018 < max_seq_len <= 1919:
+    # region 18: 2 workloads, 1.57x (1.42x .. 1.73x) over vllm_flashinfer_prefill
+    if 28 < total_seq_len <= 1752 and num_seqs <= 3 and mean_seq_len <= 1254 and max_seq_len > 1018:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 22: 3 workloads, 1.11x (1.03x .. 1.20x) over vllm_flashinfer_prefill
-    if 28 < total_seq_len <= 3821 and num_seqs <= 3 and mean_seq_len <= 2834 and max_seq_len > 1919:
-        return 'cuda_prefill_staged.r32s4'
-    # region 23: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 28 and num_seqs <= 3 and mean_seq_len > 2834 and max_seq_len > 1919:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 2 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 15:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 1 workloads, 1.56x (1.56x .. 1.56x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and 15 < max_seq_len <= 898:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 1 workloads, 2.26x (2.26x .. 2.26x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 724 and num_seqs <= 3 and 333 < max_seq_len <= 896:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 27: 8 workloads, 2.90x (1.04x .. 3.85x) over vllm_flashinfer_prefill
-    if total_seq_len > 45 and num_seqs <= 3 and max_seq_len <= 333:
+    # region 19: 3 workloads, 1.21x (1.11x .. 1.36x) over vllm_flashinfer_prefill
+    if 28 < total_seq_len <= 2834 and num_seqs <= 3 and mean_seq_len > 1254:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 20: 11 workloads, 2.86x (1.04x .. 4.31x) over vllm_flashinfer_prefill
+    if total_seq_len > 28 and num_seqs <= 3 and mean_seq_len <= 1254 and max_seq_len <= 590:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 28: 7 workloads, 1.25x (1.10x .. 1.42x) over vllm_flashinfer_prefill
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 28 and num_seqs <= 3 and mean_seq_len <= 1254 and 590 < max_seq_len <= 864:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
+    # region 22: 2 workloads, 2.06x (2.02x .. 2.11x) over vllm_flashinfer_prefill
+    if total_seq_len > 28 and num_seqs <= 3 and mean_seq_len <= 1254 and 864 < max_seq_len <= 1018:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 2 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 24: 1 workloads, 1.56x (1.56x .. 1.56x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 898:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 25: 7 workloads, 1.25x (1.10x .. 1.42x) over vllm_flashinfer_prefill
     if 58 < total_seq_len <= 91 and num_seqs > 3 and mean_seq_len > 2 and max_seq_len <= 898:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 29: 45 workloads, 1.34x (1.04x .. 1.56x) over vllm_flashinfer_prefill
+    # region 26: 45 workloads, 1.34x (1.04x .. 1.56x) over vllm_flashinfer_prefill
     if total_seq_len > 91 and num_seqs > 3 and 2 < mean_seq_len <= 45 and max_seq_len <= 898:
         return 'cuda_prefill_staged.r64s4'
-    # region 30: 35 workloads, the baseline; its stand-ins where it cannot run here
+    # region 27: 35 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 91 and num_seqs > 3 and mean_seq_len > 45 and max_seq_len <= 898:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 2 workloads, 1.57x (1.54x .. 1.61x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 18:
+    # region 28: 2 workloads, 1.57x (1.54x .. 1.61x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 21:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 32: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and 18 < max_seq_len <= 898:
+    # region 29: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and 21 < max_seq_len <= 898:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 33: 2 workloads, 2.21x (2.06x .. 2.39x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs <= 3 and 333 < max_seq_len <= 896:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1448 and 3 < num_seqs <= 5 and 898 < max_seq_len <= 1659:
-        return 'flashinfer_direct'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1773 and num_seqs <= 3 and 896 < max_seq_len <= 1919:
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1752 and num_seqs <= 3 and mean_seq_len <= 1254 and max_seq_len > 1018:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2470 and num_seqs > 5 and mean_seq_len <= 45 and 898 < max_seq_len <= 1205:
         return 'cuda_prefill_staged.r64s4'
-    # region 37: 9 workloads, the baseline; its stand-ins where it cannot run here
+    # region 32: 9 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2470 and num_seqs > 5 and max_seq_len > 1205:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 33: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2470 and num_seqs > 5 and mean_seq_len > 45 and 898 < max_seq_len <= 1205:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 34: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2834 and num_seqs <= 3 and mean_seq_len > 1254:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 3 < num_seqs <= 5 and max_seq_len > 1659:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -464,13 +444,13 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 11 and 2 < max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 1 workloads, 3.07x (3.07x .. 3.07x) over vllm_flashinfer_prefill
     if total_seq_len <= 22 and 4 < max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 3: 6 workloads, 6.20x (4.17x .. 12.47x) over vllm_flashinfer_prefill
     if total_seq_len <= 41 and num_seqs <= 5 and max_seq_len > 8:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 4: 2 workloads, 6.39x (4.17x .. 9.79x) over vllm_flashinfer_prefill
     if total_seq_len <= 41 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
@@ -479,72 +459,75 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 6: 3 workloads, 3.72x (3.19x .. 4.12x) over vllm_flashinfer_prefill
     if 11 < total_seq_len <= 41 and 2 < max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 7: 1 workloads, 3.98x (3.98x .. 3.98x) over vllm_flashinfer_prefill
     if 22 < total_seq_len <= 41 and 4 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 8: 2 workloads, 7.86x (7.77x .. 7.94x) over vllm_flashinfer_prefill
     if 41 < total_seq_len <= 106 and max_seq_len > 63:
         return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 15 workloads, 3.17x (1.75x .. 4.37x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 150 and max_seq_len <= 63:
+    # region 9: 2 workloads, 2.59x (2.36x .. 2.83x) over vllm_flashinfer_prefill
+    if 41 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len <= 12:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if 41 < total_seq_len <= 150 and mean_seq_len <= 2 and 12 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 11: 11 workloads, 3.27x (1.75x .. 4.37x) over vllm_flashinfer_prefill
+    if 41 < total_seq_len <= 150 and mean_seq_len > 2 and max_seq_len <= 44:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 6 workloads, 2.39x (1.62x .. 5.91x) over vllm_flashinfer_prefill
+    # region 12: 2 workloads, 3.75x (3.68x .. 3.82x) over vllm_flashinfer_prefill
+    if 41 < total_seq_len <= 150 and mean_seq_len > 2 and 44 < max_seq_len <= 63:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 13: 6 workloads, 2.55x (1.33x .. 6.77x) over vllm_flashinfer_prefill
     if 106 < total_seq_len <= 150 and max_seq_len > 63:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 2 workloads, 2.38x (2.29x .. 2.48x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 678 and mean_seq_len <= 2 and max_seq_len <= 45:
+    # region 14: 2 workloads, 2.38x (2.29x .. 2.48x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 791 and mean_seq_len <= 2 and max_seq_len <= 45:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 1 workloads, 2.12x (2.12x .. 2.12x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 678 and mean_seq_len <= 2 and max_seq_len > 45:
+    # region 15: 1 workloads, 2.07x (2.07x .. 2.07x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 791 and mean_seq_len <= 2 and max_seq_len > 45:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 3 workloads, 2.25x (2.06x .. 2.36x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 678 and 2 < mean_seq_len <= 4 and max_seq_len <= 22:
+    # region 16: 4 workloads, 2.29x (2.06x .. 2.39x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 791 and 2 < mean_seq_len <= 5 and max_seq_len <= 15:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 678 and 2 < mean_seq_len <= 4 and max_seq_len > 22:
+    # region 17: 1 workloads, 2.64x (2.64x .. 2.64x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 791 and 2 < mean_seq_len <= 5 and max_seq_len > 15:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 32 workloads, 2.56x (1.19x .. 6.58x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 678 and mean_seq_len > 4:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 50 workloads, 2.61x (1.51x .. 5.94x) over vllm_flashinfer_prefill
-    if 678 < total_seq_len <= 3821:
+    # region 18: 78 workloads, 2.80x (1.18x .. 9.08x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 3821 and mean_seq_len > 5:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 19: 3 workloads, 1.89x (1.66x .. 2.12x) over vllm_flashinfer_prefill
+    if 791 < total_seq_len <= 3821 and mean_seq_len <= 5:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 20: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill
     if 3821 < total_seq_len <= 7968 and num_seqs <= 1:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 2 workloads, 1.98x (1.81x .. 2.16x) over vllm_flashinfer_prefill
+        return 'cuda_prefill_staged.r32s4'
+    # region 21: 2 workloads, 1.96x (1.84x .. 2.09x) over vllm_flashinfer_prefill
     if 3821 < total_seq_len <= 7968 and num_seqs > 1:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 2 workloads, 1.74x (1.57x .. 1.92x) over vllm_flashinfer_prefill
-    if 7968 < total_seq_len <= 11585 and mean_seq_len <= 90 and max_seq_len <= 2896:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
-    if 7968 < total_seq_len <= 11585 and mean_seq_len <= 90 and max_seq_len > 2896:
+    # region 22: 6 workloads, 1.73x (1.48x .. 2.21x) over vllm_flashinfer_prefill
+    if 7968 < total_seq_len <= 17695 and max_seq_len <= 725:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 2 workloads, 1.56x (1.56x .. 1.57x) over vllm_flashinfer_prefill
+    if total_seq_len > 7968 and num_seqs <= 5 and mean_seq_len <= 5792 and 725 < max_seq_len <= 5418:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 21: 2 workloads, 1.56x (1.56x .. 1.57x) over vllm_flashinfer_prefill
-    if total_seq_len > 7968 and num_seqs <= 5 and 90 < mean_seq_len <= 5792 and max_seq_len <= 5418:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 22: 1 workloads, 1.86x (1.86x .. 1.86x) over vllm_flashinfer_prefill
-    if total_seq_len > 7968 and num_seqs <= 5 and 90 < mean_seq_len <= 5792 and max_seq_len > 5418:
+    # region 24: 1 workloads, 1.89x (1.89x .. 1.89x) over vllm_flashinfer_prefill
+    if total_seq_len > 7968 and num_seqs <= 5 and mean_seq_len <= 5792 and max_seq_len > 5418:
         return 'cuda_prefill_staged.r64s4'
-    # region 23: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7968 and mean_seq_len > 5792:
+    # region 25: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7968 and mean_seq_len > 5792 and max_seq_len > 725:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 16 workloads, 1.36x (1.12x .. 1.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 7968 and num_seqs > 5 and 90 < mean_seq_len <= 5792 and max_seq_len <= 16380:
+    # region 26: 11 workloads, 1.35x (1.15x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 7968 and num_seqs > 5 and mean_seq_len <= 5792 and 725 < max_seq_len <= 16380:
         return 'flashinfer_direct'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and mean_seq_len <= 90 and max_seq_len <= 724:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and mean_seq_len <= 90 and max_seq_len > 724:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 28: 2 workloads, 1.18x (1.12x .. 1.24x) over vllm_flashinfer_prefill
+    if total_seq_len > 17695 and max_seq_len <= 725:
+        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 2470 and 5 < num_seqs <= 11 and max_seq_len > 1794:  # region 10
+    if total_seq_len <= 2470 and 5 < num_seqs <= 11 and max_seq_len > 1794:  # region 9
         return True
     return False

@@ -6,20 +6,20 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-02T13:05:57Z
+# measured    up to 2026-12-02T15:43:12Z
 # workloads   156 (workload-set digest 68659784bab68377)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   vllm_flashinfer_prefill         cafcd75cbe1a2e72  156/156  1.00x
-#   cuda_prefill_cp.p16             5365a24a414126be  13/13  0.83x
-#   cuda_prefill_cp.p4              b5f7f39fe567fb38  13/13  1.04x
-#   cuda_prefill_cp.p8              75eecedfbb97bedf  13/13  0.99x
+#   cuda_prefill_cp.p16             ecb8836f4efaed45  34/35  1.04x  [1 screened out]
+#   cuda_prefill_cp.p4              4faa47a619017c1c  34/35  1.15x  [1 screened out]
+#   cuda_prefill_cp.p8              ee916646fd1ae292  34/35  1.16x  [1 screened out]
 #   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  93/149  1.15x  [56 screened out]
 #   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  91/149  1.13x  [58 screened out]
 #   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  96/149  1.12x  [53 screened out]
 #   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  97/149  1.15x  [52 screened out]
-#   cuda_prefill_staged.r32s4       0ec7dd6cd6a9712e  154/156  1.72x  [2 screened out]
-#   cuda_prefill_staged.r64s4       fec9b569b24a1594  152/156  1.75x  [4 screened out]
+#   cuda_prefill_staged.r32s4       c8ecfe249509d4b6  154/156  1.71x  [2 screened out]
+#   cuda_prefill_staged.r64s4       a4daa1bd24a6d1bb  153/156  1.72x  [3 screened out]
 #   flashinfer_direct               755eb6578bd0a1f3  154/156  1.56x  [2 screened out]
 #   flashqla_chunk                  5e5c152ba7fedf0f  0/0  -
 #   triton_prefill_chunked.v64      91b329a0e287a87d  109/156  0.91x  [47 screened out]
@@ -49,56 +49,62 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 6.73% mean, 199.25% max;
-#             1.379x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.77% mean, 220.85% max;
-#             3.107x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 7.93% mean, 263.19% max;
+#             1.373x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 11.17% mean, 230.28% max;
+#             3.452x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and num_seqs <= 9 and mean_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.73x (7.31x .. 9.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   2. total_seq_len <= 22 and num_seqs <= 9 and 3 < mean_seq_len <= 540: cuda_prefill_pool_rows.k16c8, 6 workloads, 7.63x (6.16x .. 8.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   3. total_seq_len <= 3505 and num_seqs <= 9 and mean_seq_len > 540: cuda_prefill_cp.p4, 5 workloads, 1.30x (1.12x .. 1.47x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   4. num_seqs > 9 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 51 workloads, 1.27x (1.04x .. 1.63x) over vllm_flashinfer_prefill
-#   5. num_seqs > 9 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   6. 22 < total_seq_len <= 35 and num_seqs <= 9 and mean_seq_len <= 540: triton_prefill_fused.c16v32, 7 workloads, 6.15x (4.53x .. 7.40x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
-#   7. total_seq_len > 35 and num_seqs <= 9 and mean_seq_len <= 540: cuda_prefill_staged.r32s4, 46 workloads, 3.08x (1.06x .. 5.75x) over vllm_flashinfer_prefill
-#   8. total_seq_len > 3505 and num_seqs <= 9 and mean_seq_len > 540: vllm_flashinfer_prefill (baseline), 15 workloads
+#   1. total_seq_len <= 22 and num_seqs <= 8 and mean_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.73x (7.31x .. 9.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   2. total_seq_len <= 22 and num_seqs <= 8 and 3 < mean_seq_len <= 540: cuda_prefill_pool_rows.k16c8, 6 workloads, 7.63x (6.16x .. 8.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   3. total_seq_len <= 5258 and num_seqs <= 8 and 540 < mean_seq_len <= 3547: cuda_prefill_cp.p4, 7 workloads, 1.22x (1.07x .. 1.42x) over vllm_flashinfer_prefill
+#   4. num_seqs <= 8 and mean_seq_len > 3547: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   5. 8 < num_seqs <= 16 and mean_seq_len <= 30: cuda_prefill_staged.r32s4, 10 workloads, 1.15x (1.06x .. 1.26x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   6. num_seqs > 8 and 30 < mean_seq_len <= 45: cuda_prefill_staged.r64s4, 12 workloads, 1.15x (1.03x .. 1.23x) over vllm_flashinfer_prefill
+#   7. num_seqs > 8 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   8. num_seqs > 16 and mean_seq_len <= 30: cuda_prefill_staged.r64s4, 30 workloads, 1.37x (1.07x .. 1.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   9. 22 < total_seq_len <= 59 and num_seqs <= 8 and mean_seq_len <= 540: triton_prefill_fused.c16v32, 7 workloads, 6.15x (4.53x .. 7.40x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len > 59 and num_seqs <= 8 and mean_seq_len <= 540: cuda_prefill_staged.r32s4, 45 workloads, 3.12x (1.05x .. 5.73x) over vllm_flashinfer_prefill
+#   11. total_seq_len > 5258 and num_seqs <= 8 and 540 < mean_seq_len <= 3547: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 78 and mean_seq_len <= 19: cuda_prefill_pool_rows.k8c8, 25 workloads, 7.17x (2.99x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   2. total_seq_len <= 78 and 19 < mean_seq_len <= 237: cuda_prefill_staged.r32s4, 2 workloads, 8.26x (6.91x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 2733 and 237 < mean_seq_len <= 1254: cuda_prefill_staged.r32s4, 16 workloads, 5.73x (3.46x .. 9.70x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 2733 and mean_seq_len > 1254: cuda_prefill_cp.p8, 2 workloads, 4.83x (4.27x .. 5.47x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. 78 < total_seq_len <= 172 and mean_seq_len <= 237: cuda_prefill_pool_rows.k8c8, 14 workloads, 5.23x (2.87x .. 10.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   6. 172 < total_seq_len <= 2733 and mean_seq_len <= 237: cuda_prefill_staged.r64s4, 65 workloads, 3.70x (1.67x .. 10.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   7. 2733 < total_seq_len <= 5792 and num_seqs <= 3: cuda_prefill_cp.p4, 2 workloads, 1.88x (1.68x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16
-#   8. total_seq_len > 2733 and 3 < num_seqs <= 7: cuda_prefill_staged.r32s4, 6 workloads, 2.71x (2.03x .. 3.65x) over vllm_flashinfer_prefill
-#   9. total_seq_len > 2733 and num_seqs > 7 and mean_seq_len <= 460: cuda_prefill_staged.r64s4, 12 workloads, 2.05x (1.40x .. 3.11x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   10. total_seq_len > 2733 and num_seqs > 7 and mean_seq_len > 460: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
-#   11. total_seq_len > 5792 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 5 workloads
+#   1. total_seq_len <= 78 and mean_seq_len <= 18: cuda_prefill_pool_rows.k8c8, 25 workloads, 7.17x (2.99x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   2. total_seq_len <= 78 and 18 < mean_seq_len <= 460: cuda_prefill_staged.r64s4, 2 workloads, 8.86x (7.36x .. 10.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 5725 and 460 < mean_seq_len <= 723: cuda_prefill_staged.r32s4, 9 workloads, 5.52x (2.77x .. 8.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 6845 and 723 < mean_seq_len <= 1362: cuda_prefill_cp.p8, 3 workloads, 3.72x (3.23x .. 4.13x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_staged.r64s4, flashinfer_direct
+#   5. total_seq_len <= 12872 and mean_seq_len > 6445: cuda_prefill_cp.p8, 2 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill
+#   6. 1362 < mean_seq_len <= 3551: cuda_prefill_cp.p8, 6 workloads, 3.57x (2.04x .. 5.98x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   7. 3551 < mean_seq_len <= 6445: cuda_prefill_cp.p4, 2 workloads, 1.80x (1.61x .. 2.03x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   8. 78 < total_seq_len <= 174 and mean_seq_len <= 460: cuda_prefill_pool_rows.k8c8, 14 workloads, 5.23x (2.87x .. 10.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   9. total_seq_len > 174 and mean_seq_len <= 460: cuda_prefill_staged.r64s4, 84 workloads, 3.71x (1.30x .. 11.06x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   10. total_seq_len > 6845 and 460 < mean_seq_len <= 1362: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
+#   11. total_seq_len > 12872 and mean_seq_len > 6445: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (None, 9), 'total_seq_len': (None, 22)}, 'workloads': 4, 'speedup': (7.31, 8.73, 9.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (3, 540), 'num_seqs': (None, 9), 'total_seq_len': (None, 22)}, 'workloads': 6, 'speedup': (6.16, 7.63, 8.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (540, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 3505)}, 'workloads': 5, 'speedup': (1.12, 1.3, 1.47), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (9, None)}, 'workloads': 51, 'speedup': (1.04, 1.27, 1.63), 'fallbacks': ()},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (9, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 9), 'total_seq_len': (22, 35)}, 'workloads': 7, 'speedup': (4.53, 6.15, 7.4), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 9), 'total_seq_len': (35, None)}, 'workloads': 46, 'speedup': (1.06, 3.08, 5.75), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (540, None), 'num_seqs': (None, 9), 'total_seq_len': (3505, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 4, 'speedup': (7.31, 8.73, 9.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (3, 540), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 6, 'speedup': (6.16, 7.63, 8.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (540, 3547), 'num_seqs': (None, 8), 'total_seq_len': (None, 5258)}, 'workloads': 7, 'speedup': (1.07, 1.22, 1.42), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3547, None), 'num_seqs': (None, 8)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (8, 16)}, 'workloads': 10, 'speedup': (1.06, 1.15, 1.26), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (30, 45), 'num_seqs': (8, None)}, 'workloads': 12, 'speedup': (1.03, 1.15, 1.23), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (8, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (16, None)}, 'workloads': 30, 'speedup': (1.07, 1.37, 1.63), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 8), 'total_seq_len': (22, 59)}, 'workloads': 7, 'speedup': (4.53, 6.15, 7.4), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 8), 'total_seq_len': (59, None)}, 'workloads': 45, 'speedup': (1.05, 3.12, 5.73), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (540, 3547), 'num_seqs': (None, 8), 'total_seq_len': (5258, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 19), 'total_seq_len': (None, 78)}, 'workloads': 25, 'speedup': (2.99, 7.17, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (19, 237), 'total_seq_len': (None, 78)}, 'workloads': 2, 'speedup': (6.91, 8.26, 9.88), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (237, 1254), 'total_seq_len': (None, 2733)}, 'workloads': 16, 'speedup': (3.46, 5.73, 9.7), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1254, None), 'total_seq_len': (None, 2733)}, 'workloads': 2, 'speedup': (4.27, 4.83, 5.47), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 237), 'total_seq_len': (78, 172)}, 'workloads': 14, 'speedup': (2.87, 5.23, 10.75), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 237), 'total_seq_len': (172, 2733)}, 'workloads': 65, 'speedup': (1.67, 3.7, 10.5), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (2733, 5792)}, 'workloads': 2, 'speedup': (1.68, 1.88, 2.1), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (3, 7), 'total_seq_len': (2733, None)}, 'workloads': 6, 'speedup': (2.03, 2.71, 3.65), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 460), 'num_seqs': (7, None), 'total_seq_len': (2733, None)}, 'workloads': 12, 'speedup': (1.4, 2.05, 3.11), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (460, None), 'num_seqs': (7, None), 'total_seq_len': (2733, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (5792, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 18), 'total_seq_len': (None, 78)}, 'workloads': 25, 'speedup': (2.99, 7.17, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (18, 460), 'total_seq_len': (None, 78)}, 'workloads': 2, 'speedup': (7.36, 8.86, 10.66), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (460, 723), 'total_seq_len': (None, 5725)}, 'workloads': 9, 'speedup': (2.77, 5.52, 8.16), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (723, 1362), 'total_seq_len': (None, 6845)}, 'workloads': 3, 'speedup': (3.23, 3.72, 4.13), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (6445, None), 'total_seq_len': (None, 12872)}, 'workloads': 2, 'speedup': (1.55, 1.55, 1.55), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1362, 3551)}, 'workloads': 6, 'speedup': (2.04, 3.57, 5.98), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (3551, 6445)}, 'workloads': 2, 'speedup': (1.61, 1.8, 2.03), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 460), 'total_seq_len': (78, 174)}, 'workloads': 14, 'speedup': (2.87, 5.23, 10.75), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 460), 'total_seq_len': (174, None)}, 'workloads': 84, 'speedup': (1.3, 3.71, 11.06), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (460, 1362), 'total_seq_len': (6845, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6445, None), 'total_seq_len': (12872, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -108,26 +114,38 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 4 workloads, 8.73x (7.31x .. 9.77x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and num_seqs <= 9 and mean_seq_len <= 3:
+    if total_seq_len <= 22 and num_seqs <= 8 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 6 workloads, 7.63x (6.16x .. 8.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and num_seqs <= 9 and 3 < mean_seq_len <= 540:
+    if total_seq_len <= 22 and num_seqs <= 8 and 3 < mean_seq_len <= 540:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 5 workloads, 1.30x (1.12x .. 1.47x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3505 and num_seqs <= 9 and mean_seq_len > 540:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
-    # region 4: 51 workloads, 1.27x (1.04x .. 1.63x) over vllm_flashinfer_prefill
-    if num_seqs > 9 and mean_seq_len <= 45:
+    # region 3: 7 workloads, 1.22x (1.07x .. 1.42x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5258 and num_seqs <= 8 and 540 < mean_seq_len <= 3547:
+        return 'cuda_prefill_cp.p4'
+    # region 4: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 8 and mean_seq_len > 3547:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'vllm_flashinfer_prefill'
+    # region 5: 10 workloads, 1.15x (1.06x .. 1.26x) over vllm_flashinfer_prefill
+    if 8 < num_seqs <= 16 and mean_seq_len <= 30:
+        return ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 12 workloads, 1.15x (1.03x .. 1.23x) over vllm_flashinfer_prefill
+    if num_seqs > 8 and 30 < mean_seq_len <= 45:
         return 'cuda_prefill_staged.r64s4'
-    # region 5: 22 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 9 and mean_seq_len > 45:
+    # region 7: 22 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 8 and mean_seq_len > 45:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 7 workloads, 6.15x (4.53x .. 7.40x) over vllm_flashinfer_prefill
-    if 22 < total_seq_len <= 35 and num_seqs <= 9 and mean_seq_len <= 540:
+    # region 8: 30 workloads, 1.37x (1.07x .. 1.63x) over vllm_flashinfer_prefill
+    if num_seqs > 16 and mean_seq_len <= 30:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 7 workloads, 6.15x (4.53x .. 7.40x) over vllm_flashinfer_prefill
+    if 22 < total_seq_len <= 59 and num_seqs <= 8 and mean_seq_len <= 540:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 46 workloads, 3.08x (1.06x .. 5.75x) over vllm_flashinfer_prefill
-    if total_seq_len > 35 and num_seqs <= 9 and mean_seq_len <= 540:
+    # region 10: 45 workloads, 3.12x (1.05x .. 5.73x) over vllm_flashinfer_prefill
+    if total_seq_len > 59 and num_seqs <= 8 and mean_seq_len <= 540:
         return 'cuda_prefill_staged.r32s4'
+    # region 11: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5258 and num_seqs <= 8 and 540 < mean_seq_len <= 3547:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -135,35 +153,38 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 25 workloads, 7.17x (2.99x .. 15.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 78 and mean_seq_len <= 19:
+    if total_seq_len <= 78 and mean_seq_len <= 18:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 2 workloads, 8.26x (6.91x .. 9.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 78 and 19 < mean_seq_len <= 237:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 3: 16 workloads, 5.73x (3.46x .. 9.70x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2733 and 237 < mean_seq_len <= 1254:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 4: 2 workloads, 4.83x (4.27x .. 5.47x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2733 and mean_seq_len > 1254:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p8'
-    # region 5: 14 workloads, 5.23x (2.87x .. 10.75x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 172 and mean_seq_len <= 237:
+    # region 2: 2 workloads, 8.86x (7.36x .. 10.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 78 and 18 < mean_seq_len <= 460:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 3: 9 workloads, 5.52x (2.77x .. 8.16x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5725 and 460 < mean_seq_len <= 723:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 4: 3 workloads, 3.72x (3.23x .. 4.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6845 and 723 < mean_seq_len <= 1362:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p8'
+    # region 5: 2 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill
+    if total_seq_len <= 12872 and mean_seq_len > 6445:
+        return 'cuda_prefill_cp.p8'
+    # region 6: 6 workloads, 3.57x (2.04x .. 5.98x) over vllm_flashinfer_prefill
+    if 1362 < mean_seq_len <= 3551:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
+    # region 7: 2 workloads, 1.80x (1.61x .. 2.03x) over vllm_flashinfer_prefill
+    if 3551 < mean_seq_len <= 6445:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
+    # region 8: 14 workloads, 5.23x (2.87x .. 10.75x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 174 and mean_seq_len <= 460:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 65 workloads, 3.70x (1.67x .. 10.50x) over vllm_flashinfer_prefill
-    if 172 < total_seq_len <= 2733 and mean_seq_len <= 237:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 2 workloads, 1.88x (1.68x .. 2.10x) over vllm_flashinfer_prefill
-    if 2733 < total_seq_len <= 5792 and num_seqs <= 3:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p4'
-    # region 8: 6 workloads, 2.71x (2.03x .. 3.65x) over vllm_flashinfer_prefill
-    if total_seq_len > 2733 and 3 < num_seqs <= 7:
-        return 'cuda_prefill_staged.r32s4'
-    # region 9: 12 workloads, 2.05x (1.40x .. 3.11x) over vllm_flashinfer_prefill
-    if total_seq_len > 2733 and num_seqs > 7 and mean_seq_len <= 460:
+    # region 9: 84 workloads, 3.71x (1.30x .. 11.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 174 and mean_seq_len <= 460:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
     # region 10: 7 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2733 and num_seqs > 7 and mean_seq_len > 460:
+    if total_seq_len > 6845 and 460 < mean_seq_len <= 1362:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 12872 and mean_seq_len > 6445:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -172,149 +193,189 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.17% mean, 199.25% max;
-#             1.373x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.61% mean, 121.67% max;
-#             3.328x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 6.43% mean, 199.25% max;
+#             1.361x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.47% mean, 234.53% max;
+#             3.434x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 14 and num_seqs <= 9 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 3 workloads, 7.77x (7.66x .. 7.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   2. total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.85x (1.52x .. 2.24x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   3. total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and 4 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64
-#   4. total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and 11 < max_seq_len <= 314: cuda_prefill_staged.r32s4, 2 workloads, 1.19x (1.18x .. 1.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   2. total_seq_len <= 90 and 9 < num_seqs <= 17 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   3. total_seq_len <= 90 and 9 < num_seqs <= 17 and 11 < max_seq_len <= 495: cuda_prefill_staged.r32s4, 2 workloads, 1.18x (1.17x .. 1.19x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   4. total_seq_len <= 1448 and 9 < num_seqs <= 17 and 495 < max_seq_len <= 856: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   5. total_seq_len <= 1475 and num_seqs <= 1 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.73x (8.73x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64
-#   6. total_seq_len <= 1475 and num_seqs <= 5 and mean_seq_len > 5 and 7 < max_seq_len <= 16: triton_prefill_fused.c16v32, 2 workloads, 6.98x (6.86x .. 7.11x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   7. total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 5 and 7 < max_seq_len <= 9: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.31x (7.31x .. 7.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   8. total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 5 and 9 < max_seq_len <= 16: triton_prefill_fused.c16v32, 2 workloads, 7.23x (7.10x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   9. total_seq_len <= 1475 and num_seqs <= 9 and max_seq_len > 16: cuda_prefill_staged.r32s4, 43 workloads, 3.27x (1.18x .. 6.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   6. total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 362 and 7 < max_seq_len <= 17: triton_prefill_fused.c16v32, 6 workloads, 7.15x (6.86x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   7. total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 362 and max_seq_len > 17: cuda_prefill_staged.r32s4, 37 workloads, 3.67x (1.64x .. 6.23x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   8. total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len > 362 and 7 < max_seq_len <= 795: cuda_prefill_staged.r32s4, 3 workloads, 1.94x (1.71x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   9. total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len > 362 and max_seq_len > 795: cuda_prefill_cp.p4, 3 workloads, 1.36x (1.30x .. 1.42x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_staged.r64s4
 #   10. total_seq_len <= 1475 and 1 < num_seqs <= 9 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 10.30x (10.30x .. 10.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   11. total_seq_len <= 1475 and 5 < num_seqs <= 9 and mean_seq_len > 5 and 7 < max_seq_len <= 16: triton_prefill_fused.c16v64, 1 workloads, 7.05x (7.05x .. 7.05x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k16c8
-#   12. total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len <= 90 and max_seq_len > 314: cuda_prefill_staged.r64s4, 11 workloads, 1.19x (1.07x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   13. total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len > 90 and 314 < max_seq_len <= 756: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   14. total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len > 90 and max_seq_len > 756: cuda_prefill_staged.r32s4, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   15. total_seq_len <= 5792 and 9 < num_seqs <= 45 and mean_seq_len > 45 and max_seq_len <= 314: flashinfer_direct, 6 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   16. total_seq_len <= 5792 and num_seqs > 45 and mean_seq_len > 45 and max_seq_len <= 206: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. total_seq_len <= 5792 and num_seqs > 45 and mean_seq_len > 45 and 206 < max_seq_len <= 314: vllm_flashinfer_prefill (baseline), 0 workloads
-#   18. 14 < total_seq_len <= 1475 and num_seqs <= 9 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 5 workloads, 6.37x (1.68x .. 9.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. total_seq_len > 93 and num_seqs > 9 and mean_seq_len <= 45 and max_seq_len <= 314: cuda_prefill_staged.r64s4, 36 workloads, 1.29x (1.04x .. 1.55x) over vllm_flashinfer_prefill
-#   20. 1475 < total_seq_len <= 3505 and num_seqs <= 2 and max_seq_len <= 1380: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_cp.p4
-#   21. 1475 < total_seq_len <= 3505 and num_seqs <= 2 and max_seq_len > 1380: cuda_prefill_cp.p4, 3 workloads, 1.25x (1.12x .. 1.34x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   22. 1475 < total_seq_len <= 3505 and 2 < num_seqs <= 5: cuda_prefill_staged.r32s4, 3 workloads, 1.86x (1.06x .. 2.86x) over vllm_flashinfer_prefill
-#   23. 1475 < total_seq_len <= 3505 and 5 < num_seqs <= 9 and max_seq_len <= 529: vllm_flashinfer_prefill.cp_off, 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   24. 1475 < total_seq_len <= 3505 and 5 < num_seqs <= 9 and max_seq_len > 529: cuda_prefill_staged.r32s4, 2 workloads, 1.50x (1.21x .. 1.84x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   25. 2896 < total_seq_len <= 5792 and 9 < num_seqs <= 21 and 314 < max_seq_len <= 639: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   26. total_seq_len > 2896 and 9 < num_seqs <= 21 and 639 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 2896 and 9 < num_seqs <= 21 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
-#   28. total_seq_len > 2896 and 21 < num_seqs <= 45 and max_seq_len > 4528: cuda_prefill_staged.r32s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
-#   29. total_seq_len > 2896 and num_seqs > 21 and mean_seq_len <= 22 and 314 < max_seq_len <= 4528: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   30. total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 22 and 314 < max_seq_len <= 4528: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
-#   31. total_seq_len > 2896 and num_seqs > 45 and max_seq_len > 4528: cuda_prefill_staged.r64s4, 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   32. 3505 < total_seq_len <= 4840 and 5 < num_seqs <= 9 and max_seq_len <= 1659: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   33. 3505 < total_seq_len <= 4840 and 5 < num_seqs <= 9 and max_seq_len > 1659: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
-#   34. total_seq_len > 3505 and num_seqs <= 5 and max_seq_len <= 1920: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it)
-#   35. total_seq_len > 3505 and num_seqs <= 5 and max_seq_len > 1920: vllm_flashinfer_prefill (baseline), 10 workloads
-#   36. total_seq_len > 4840 and 5 < num_seqs <= 9 and max_seq_len <= 1380: flashinfer_direct, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   37. total_seq_len > 4840 and 5 < num_seqs <= 9 and 1380 < max_seq_len <= 3402: cuda_prefill_staged.r32s4, 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
-#   38. total_seq_len > 4840 and 5 < num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64
-#   39. total_seq_len > 5792 and 9 < num_seqs <= 21 and 314 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
-#   40. total_seq_len > 5792 and num_seqs > 9 and mean_seq_len > 45 and max_seq_len <= 314: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32
+#   11. total_seq_len <= 2896 and 9 < num_seqs <= 17 and max_seq_len > 856: cuda_prefill_staged.r32s4, 2 workloads, 1.15x (1.14x .. 1.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   12. total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 22 and 408 < max_seq_len <= 4528: cuda_prefill_staged.r64s4, 3 workloads, 1.17x (1.15x .. 1.20x) over vllm_flashinfer_prefill
+#   13. total_seq_len <= 5792 and 17 < num_seqs <= 45 and mean_seq_len > 45 and max_seq_len <= 314: flashinfer_direct, 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   14. total_seq_len <= 5792 and num_seqs > 45 and mean_seq_len > 45 and max_seq_len <= 206: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   15. total_seq_len <= 5792 and num_seqs > 45 and mean_seq_len > 45 and 206 < max_seq_len <= 314: vllm_flashinfer_prefill (baseline), 0 workloads
+#   16. 17 < num_seqs <= 45 and mean_seq_len > 22 and 314 < max_seq_len <= 408: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   17. 17 < num_seqs <= 45 and mean_seq_len > 22 and max_seq_len > 4528: cuda_prefill_staged.r32s4, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
+#   18. 17 < num_seqs <= 62 and mean_seq_len <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.94x (1.75x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64
+#   19. 17 < num_seqs <= 62 and mean_seq_len <= 2 and 11 < max_seq_len <= 314: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32
+#   20. num_seqs > 17 and mean_seq_len <= 22 and max_seq_len > 314: cuda_prefill_staged.r64s4, 6 workloads, 1.21x (1.07x .. 1.55x) over vllm_flashinfer_prefill
+#   21. num_seqs > 17 and 2 < mean_seq_len <= 45 and max_seq_len <= 314: cuda_prefill_staged.r64s4, 22 workloads, 1.32x (1.13x .. 1.52x) over vllm_flashinfer_prefill
+#   22. num_seqs > 45 and mean_seq_len > 22 and 314 < max_seq_len <= 408: vllm_flashinfer_prefill (baseline), 0 workloads
+#   23. num_seqs > 45 and mean_seq_len > 22 and max_seq_len > 4528: cuda_prefill_staged.r64s4, 2 workloads, 1.05x (1.04x .. 1.05x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   24. num_seqs > 62 and mean_seq_len <= 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.64x (1.61x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8
+#   25. num_seqs > 62 and mean_seq_len <= 2 and 8 < max_seq_len <= 314: cuda_prefill_staged.r64s4, 2 workloads, 1.50x (1.45x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   26. 14 < total_seq_len <= 1475 and num_seqs <= 9 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 5 workloads, 6.37x (1.68x .. 9.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. 90 < total_seq_len <= 362 and 9 < num_seqs <= 17 and max_seq_len <= 495: cuda_prefill_staged.r32s4, 6 workloads, 1.11x (1.06x .. 1.15x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   28. 362 < total_seq_len <= 724 and 9 < num_seqs <= 17 and max_seq_len <= 174: cuda_prefill_staged.r64s4, 2 workloads, 1.04x (1.03x .. 1.05x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   29. 362 < total_seq_len <= 1448 and 9 < num_seqs <= 17 and 174 < max_seq_len <= 495: cuda_prefill_staged.r32s4, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   30. total_seq_len > 724 and 9 < num_seqs <= 17 and max_seq_len <= 174: flashinfer_direct, 3 workloads, 1.10x (1.08x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   31. 1448 < total_seq_len <= 5792 and 9 < num_seqs <= 17 and 495 < max_seq_len <= 856: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   32. total_seq_len > 1448 and 9 < num_seqs <= 17 and 174 < max_seq_len <= 495: flashinfer_direct, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   33. 1475 < total_seq_len <= 4048 and num_seqs <= 9 and max_seq_len > 2047: cuda_prefill_cp.p4, 3 workloads, 1.15x (1.07x .. 1.26x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   34. total_seq_len > 1475 and num_seqs <= 5 and mean_seq_len > 362 and max_seq_len <= 1380: cuda_prefill_staged.r32s4, 2 workloads, 2.44x (2.10x .. 2.84x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   35. total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len <= 362 and max_seq_len <= 639: vllm_flashinfer_prefill.cp_off, 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   36. total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len <= 362 and 639 < max_seq_len <= 1380: cuda_prefill_staged.r32s4, 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   37. total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len <= 724 and 1380 < max_seq_len <= 2047: cuda_prefill_staged.r32s4, 2 workloads, 1.12x (1.05x .. 1.20x) over vllm_flashinfer_prefill
+#   38. total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len > 724 and 1380 < max_seq_len <= 2047: cuda_prefill_cp.p4, 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p8; engine plugins keep the engine's kernel (`hand_back`)
+#   39. total_seq_len > 1475 and 5 < num_seqs <= 9 and mean_seq_len > 362 and max_seq_len <= 1380: flashinfer_direct, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
+#   40. total_seq_len > 2896 and 9 < num_seqs <= 17 and 856 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   41. total_seq_len > 2896 and 9 < num_seqs <= 17 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   42. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 22 and 408 < max_seq_len <= 4528: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
+#   43. 4048 < total_seq_len <= 6292 and num_seqs <= 9 and 2047 < max_seq_len <= 3399: cuda_prefill_cp.p4, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   44. 4048 < total_seq_len <= 6845 and num_seqs <= 1 and max_seq_len > 3399: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
+#   45. 4048 < total_seq_len <= 6845 and 1 < num_seqs <= 9 and max_seq_len > 3399: cuda_prefill_cp.p8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   46. total_seq_len > 5792 and 9 < num_seqs <= 17 and 495 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
+#   47. total_seq_len > 5792 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 856: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   48. total_seq_len > 5792 and num_seqs > 17 and mean_seq_len > 45 and max_seq_len <= 314: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32
+#   49. total_seq_len > 6292 and num_seqs <= 5 and 2047 < max_seq_len <= 3399: flashinfer_direct, 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   50. total_seq_len > 6292 and 5 < num_seqs <= 9 and 2047 < max_seq_len <= 3399: cuda_prefill_staged.r32s4, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   51. 6845 < total_seq_len <= 23170 and num_seqs <= 9 and mean_seq_len <= 1448 and max_seq_len > 3399: cuda_prefill_cp.p8, 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   52. 6845 < total_seq_len <= 23170 and num_seqs <= 9 and mean_seq_len > 1448 and max_seq_len > 3399: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   53. total_seq_len > 23170 and num_seqs <= 9 and 3399 < max_seq_len <= 7663: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   54. total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 51 and num_seqs > 8 and mean_seq_len <= 331 and max_seq_len <= 24: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.66x (3.03x .. 4.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 90 and num_seqs <= 8 and mean_seq_len <= 331 and 57 < max_seq_len <= 74: cuda_prefill_staged.r64s4, 2 workloads, 10.11x (10.01x .. 10.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 181 and num_seqs <= 1 and mean_seq_len <= 331 and max_seq_len > 74: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.61x (8.31x .. 11.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 331 and max_seq_len <= 57: cuda_prefill_pool_rows.k8c8, 21 workloads, 8.41x (5.85x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 181 and 1 < num_seqs <= 8 and mean_seq_len <= 331 and max_seq_len > 74: cuda_prefill_staged.r32s4, 3 workloads, 6.15x (3.70x .. 8.84x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 331 and 24 < max_seq_len <= 40: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 331 and max_seq_len > 40: cuda_prefill_staged.r64s4, 3 workloads, 3.74x (2.63x .. 4.67x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   8. total_seq_len <= 3547 and mean_seq_len > 1773: cuda_prefill_cp.p4, 2 workloads, 3.44x (2.10x .. 5.64x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16
-#   9. total_seq_len <= 6845 and 331 < mean_seq_len <= 1773: cuda_prefill_staged.r32s4, 13 workloads, 4.66x (2.52x .. 8.79x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   10. 51 < total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 331 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 4 workloads, 4.65x (3.12x .. 7.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. 51 < total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 331 and 8 < max_seq_len <= 24: cuda_prefill_pool_rows.k4c8, 3 workloads, 3.64x (3.15x .. 4.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32
-#   12. 90 < total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 331 and 57 < max_seq_len <= 74: cuda_prefill_pool_rows.k8c8, 1 workloads, 4.45x (4.45x .. 4.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. 181 < total_seq_len <= 929 and mean_seq_len <= 45 and max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 9 workloads, 3.51x (2.07x .. 5.98x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct
-#   14. 181 < total_seq_len <= 929 and mean_seq_len <= 45 and max_seq_len > 23: cuda_prefill_staged.r64s4, 15 workloads, 3.63x (1.97x .. 5.54x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
-#   15. 181 < total_seq_len <= 929 and 45 < mean_seq_len <= 331 and max_seq_len <= 202: cuda_prefill_staged.r32s4, 7 workloads, 7.28x (4.23x .. 10.65x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. 181 < total_seq_len <= 929 and 45 < mean_seq_len <= 331 and max_seq_len > 202: cuda_prefill_staged.r64s4, 7 workloads, 6.54x (4.37x .. 10.02x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. total_seq_len > 929 and mean_seq_len <= 331: cuda_prefill_staged.r64s4, 45 workloads, 3.02x (1.46x .. 9.88x) over vllm_flashinfer_prefill
-#   18. 3547 < total_seq_len <= 6845 and mean_seq_len > 1773: cuda_prefill_cp.p8, 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
-#   19. 6845 < total_seq_len <= 19714 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len <= 1555: cuda_prefill_staged.r64s4, 3 workloads, 1.86x (1.40x .. 3.00x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. 6845 < total_seq_len <= 23170 and num_seqs > 11 and mean_seq_len > 331 and 1555 < max_seq_len <= 5420: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. 6845 < total_seq_len <= 23170 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len > 5420: cuda_prefill_staged.r32s4, 1 workloads, 2.24x (2.24x .. 2.24x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   22. total_seq_len > 6845 and num_seqs <= 11 and mean_seq_len > 331 and max_seq_len <= 3402: cuda_prefill_staged.r32s4, 3 workloads, 2.97x (2.47x .. 3.65x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   23. total_seq_len > 6845 and num_seqs <= 11 and mean_seq_len > 331 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 8 workloads
-#   24. total_seq_len > 19714 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len <= 1555: flashinfer_direct, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   25. total_seq_len > 23170 and num_seqs > 11 and mean_seq_len > 331 and 1555 < max_seq_len <= 11585: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4
-#   26. total_seq_len > 23170 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len > 11585: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 36 and num_seqs <= 9 and mean_seq_len <= 914 and max_seq_len <= 26: cuda_prefill_pool_rows.k8c8, 15 workloads, 8.52x (6.20x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 36 and num_seqs <= 9 and mean_seq_len <= 914 and 26 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 2 workloads, 8.42x (7.36x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 181 and num_seqs > 32 and mean_seq_len <= 355 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.12x (3.12x .. 3.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 181 and num_seqs > 32 and mean_seq_len <= 355 and 2 < max_seq_len <= 14: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.27x (3.15x .. 3.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 2896 and 914 < mean_seq_len <= 1254 and max_seq_len <= 2946: cuda_prefill_staged.r32s4, 1 workloads, 3.98x (3.98x .. 3.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   6. total_seq_len <= 2896 and mean_seq_len > 1254 and max_seq_len <= 2946: cuda_prefill_cp.p4, 2 workloads, 5.30x (4.65x .. 6.04x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16, flashinfer_direct
+#   7. num_seqs <= 1 and mean_seq_len > 914 and 2946 < max_seq_len <= 5008: cuda_prefill_cp.p8, 2 workloads, 1.78x (1.55x .. 2.04x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   8. num_seqs <= 2 and 914 < mean_seq_len <= 12872 and max_seq_len > 5008: cuda_prefill_cp.p8, 2 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill
+#   9. num_seqs <= 2 and mean_seq_len > 12872 and max_seq_len > 5008: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4
+#   10. num_seqs <= 9 and mean_seq_len <= 914 and 64 < max_seq_len <= 98: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.93x (4.45x .. 10.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. num_seqs <= 9 and mean_seq_len <= 914 and 98 < max_seq_len <= 132: cuda_prefill_staged.r64s4, 7 workloads, 7.59x (3.77x .. 11.06x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. num_seqs <= 9 and mean_seq_len <= 914 and max_seq_len > 132: cuda_prefill_staged.r32s4, 28 workloads, 5.97x (2.77x .. 9.42x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   13. num_seqs > 1 and 914 < mean_seq_len <= 1448 and 2946 < max_seq_len <= 5008: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   14. num_seqs > 1 and mean_seq_len > 1448 and 2946 < max_seq_len <= 5008: vllm_flashinfer_prefill (baseline), 0 workloads
+#   15. 2 < num_seqs <= 11 and mean_seq_len > 914 and max_seq_len > 11579: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
+#   16. num_seqs > 2 and mean_seq_len > 914 and 5008 < max_seq_len <= 7660: cuda_prefill_cp.p8, 4 workloads, 2.86x (1.98x .. 3.51x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   17. num_seqs > 2 and mean_seq_len > 914 and 7660 < max_seq_len <= 11579: vllm_flashinfer_prefill (baseline), 0 workloads
+#   18. 9 < num_seqs <= 32 and mean_seq_len <= 5 and 5 < max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.22x (4.22x .. 4.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32
+#   19. 9 < num_seqs <= 32 and mean_seq_len <= 914 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 2 workloads, 5.17x (4.37x .. 6.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   20. 9 < num_seqs <= 32 and mean_seq_len <= 914 and max_seq_len > 16: cuda_prefill_staged.r64s4, 31 workloads, 3.08x (1.75x .. 5.53x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   21. 9 < num_seqs <= 32 and 5 < mean_seq_len <= 914 and 5 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 3 workloads, 6.29x (5.73x .. 7.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   22. num_seqs > 11 and mean_seq_len > 914 and max_seq_len > 11579: vllm_flashinfer_prefill (baseline), 0 workloads
+#   23. num_seqs > 32 and mean_seq_len <= 355 and max_seq_len > 14: cuda_prefill_staged.r64s4, 24 workloads, 2.55x (1.30x .. 4.18x) over vllm_flashinfer_prefill
+#   24. num_seqs > 32 and 355 < mean_seq_len <= 914 and max_seq_len <= 2896: flashinfer_direct, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   25. num_seqs > 32 and 355 < mean_seq_len <= 914 and max_seq_len > 2896: vllm_flashinfer_prefill (baseline), 0 workloads
+#   26. total_seq_len > 36 and num_seqs <= 9 and mean_seq_len <= 914 and max_seq_len <= 40: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.60x (2.99x .. 13.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 36 and num_seqs <= 9 and mean_seq_len <= 914 and 40 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 5 workloads, 7.45x (4.77x .. 10.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 181 and num_seqs > 32 and mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.86x (2.07x .. 3.53x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   29. total_seq_len > 181 and num_seqs > 32 and 5 < mean_seq_len <= 355 and max_seq_len <= 14: cuda_prefill_staged.r64s4, 3 workloads, 3.01x (2.90x .. 3.23x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   30. total_seq_len > 2896 and num_seqs <= 5 and mean_seq_len > 914 and 1448 < max_seq_len <= 2946: flashinfer_direct, 2 workloads, 2.35x (2.25x .. 2.46x) over vllm_flashinfer_prefill
+#   31. total_seq_len > 2896 and mean_seq_len > 914 and max_seq_len <= 1448: cuda_prefill_staged.r64s4, 1 workloads, 4.52x (4.52x .. 4.52x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   32. total_seq_len > 2896 and num_seqs > 5 and mean_seq_len > 914 and 1448 < max_seq_len <= 2946: cuda_prefill_staged.r64s4, 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (None, 9), 'total_seq_len': (None, 14)}, 'workloads': 3, 'speedup': (7.66, 7.77, 7.84), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (None, 93)}, 'workloads': 2, 'speedup': (1.52, 1.85, 2.24), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 11), 'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (1.75, 1.75, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (11, 314), 'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (None, 93)}, 'workloads': 2, 'speedup': (1.18, 1.19, 1.2), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (9, 17), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (1.34, 1.34, 1.34), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (11, 495), 'num_seqs': (9, 17), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (1.17, 1.18, 1.19), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 856), 'num_seqs': (9, 17), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 1), 'total_seq_len': (None, 1475)}, 'workloads': 1, 'speedup': (8.73, 8.73, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 16), 'mean_seq_len': (5, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 1475)}, 'workloads': 2, 'speedup': (6.86, 6.98, 7.11), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (7, 9), 'mean_seq_len': (None, 5), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 1, 'speedup': (7.31, 7.31, 7.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (9, 16), 'mean_seq_len': (None, 5), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 2, 'speedup': (7.1, 7.23, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (16, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 43, 'speedup': (1.18, 3.27, 6.2), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 17), 'mean_seq_len': (None, 362), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 6, 'speedup': (6.86, 7.15, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 362), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 37, 'speedup': (1.64, 3.67, 6.23), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (7, 795), 'mean_seq_len': (362, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 3, 'speedup': (1.71, 1.94, 2.1), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 9, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (795, None), 'mean_seq_len': (362, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 3, 'speedup': (1.3, 1.36, 1.42), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4')},
     {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (1, 9), 'total_seq_len': (None, 1475)}, 'workloads': 1, 'speedup': (10.3, 10.3, 10.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (7, 16), 'mean_seq_len': (5, None), 'num_seqs': (5, 9), 'total_seq_len': (None, 1475)}, 'workloads': 1, 'speedup': (7.05, 7.05, 7.05), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (314, None), 'mean_seq_len': (None, 90), 'num_seqs': (9, None), 'total_seq_len': (None, 2896)}, 'workloads': 11, 'speedup': (1.07, 1.19, 1.55), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (314, 756), 'mean_seq_len': (90, None), 'num_seqs': (9, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (756, None), 'mean_seq_len': (90, None), 'num_seqs': (9, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (45, None), 'num_seqs': (9, 45), 'total_seq_len': (None, 5792)}, 'workloads': 6, 'speedup': (1.06, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 206), 'mean_seq_len': (45, None), 'num_seqs': (45, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (206, 314), 'mean_seq_len': (45, None), 'num_seqs': (45, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (None, 9), 'total_seq_len': (14, 1475)}, 'workloads': 5, 'speedup': (1.68, 6.37, 9.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (93, None)}, 'workloads': 36, 'speedup': (1.04, 1.29, 1.55), 'fallbacks': ()},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 1380), 'num_seqs': (None, 2), 'total_seq_len': (1475, 3505)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4')},
-    {'region': 21, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1380, None), 'num_seqs': (None, 2), 'total_seq_len': (1475, 3505)}, 'workloads': 3, 'speedup': (1.12, 1.25, 1.34), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (2, 5), 'total_seq_len': (1475, 3505)}, 'workloads': 3, 'speedup': (1.06, 1.86, 2.86), 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 529), 'num_seqs': (5, 9), 'total_seq_len': (1475, 3505)}, 'workloads': 1, 'speedup': (4.29, 4.29, 4.29), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (529, None), 'num_seqs': (5, 9), 'total_seq_len': (1475, 3505)}, 'workloads': 2, 'speedup': (1.21, 1.5, 1.84), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (314, 639), 'num_seqs': (9, 21), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 962), 'num_seqs': (9, 21), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (9, 21), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (21, 45), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ('cuda_prefill_staged.r64s4',), 'hand_back': True},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (314, 4528), 'mean_seq_len': (None, 22), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (314, 4528), 'mean_seq_len': (22, None), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (45, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': (), 'hand_back': True},
-    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1659), 'num_seqs': (5, 9), 'total_seq_len': (3505, 4840)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1659, None), 'num_seqs': (5, 9), 'total_seq_len': (3505, 4840)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
-    {'region': 34, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 1920), 'num_seqs': (None, 5), 'total_seq_len': (3505, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1920, None), 'num_seqs': (None, 5), 'total_seq_len': (3505, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1380), 'num_seqs': (5, 9), 'total_seq_len': (4840, None)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 37, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1380, 3402), 'num_seqs': (5, 9), 'total_seq_len': (4840, None)}, 'workloads': 1, 'speedup': (1.53, 1.53, 1.53), 'fallbacks': ('cuda_prefill_staged.r64s4',), 'hand_back': True},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (5, 9), 'total_seq_len': (4840, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (314, 639), 'num_seqs': (9, 21), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (45, None), 'num_seqs': (9, None), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (856, None), 'num_seqs': (9, 17), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.14, 1.15, 1.15), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (408, 4528), 'mean_seq_len': (22, None), 'num_seqs': (17, None), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (1.15, 1.17, 1.2), 'fallbacks': ()},
+    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (45, None), 'num_seqs': (17, 45), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.06, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 206), 'mean_seq_len': (45, None), 'num_seqs': (45, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (206, 314), 'mean_seq_len': (45, None), 'num_seqs': (45, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (314, 408), 'mean_seq_len': (22, None), 'num_seqs': (17, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (22, None), 'num_seqs': (17, 45)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': ('cuda_prefill_staged.r64s4',), 'hand_back': True},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 2), 'num_seqs': (17, 62)}, 'workloads': 2, 'speedup': (1.75, 1.94, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 314), 'mean_seq_len': (None, 2), 'num_seqs': (17, 62)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (314, None), 'mean_seq_len': (None, 22), 'num_seqs': (17, None)}, 'workloads': 6, 'speedup': (1.07, 1.21, 1.55), 'fallbacks': ()},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (2, 45), 'num_seqs': (17, None)}, 'workloads': 22, 'speedup': (1.13, 1.32, 1.52), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (314, 408), 'mean_seq_len': (22, None), 'num_seqs': (45, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (22, None), 'num_seqs': (45, None)}, 'workloads': 2, 'speedup': (1.04, 1.05, 1.05), 'fallbacks': (), 'hand_back': True},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 2), 'num_seqs': (62, None)}, 'workloads': 4, 'speedup': (1.61, 1.64, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 314), 'mean_seq_len': (None, 2), 'num_seqs': (62, None)}, 'workloads': 2, 'speedup': (1.45, 1.5, 1.56), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (None, 9), 'total_seq_len': (14, 1475)}, 'workloads': 5, 'speedup': (1.68, 6.37, 9.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 495), 'num_seqs': (9, 17), 'total_seq_len': (90, 362)}, 'workloads': 6, 'speedup': (1.06, 1.11, 1.15), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 174), 'num_seqs': (9, 17), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (1.03, 1.04, 1.05), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (174, 495), 'num_seqs': (9, 17), 'total_seq_len': (362, 1448)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 174), 'num_seqs': (9, 17), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.08, 1.1, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 856), 'num_seqs': (9, 17), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (174, 495), 'num_seqs': (9, 17), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 33, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (2047, None), 'num_seqs': (None, 9), 'total_seq_len': (1475, 4048)}, 'workloads': 3, 'speedup': (1.07, 1.15, 1.26), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 1380), 'mean_seq_len': (362, None), 'num_seqs': (None, 5), 'total_seq_len': (1475, None)}, 'workloads': 2, 'speedup': (2.1, 2.44, 2.84), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 639), 'mean_seq_len': (None, 362), 'num_seqs': (None, 9), 'total_seq_len': (1475, None)}, 'workloads': 1, 'speedup': (4.29, 4.29, 4.29), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 36, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (639, 1380), 'mean_seq_len': (None, 362), 'num_seqs': (None, 9), 'total_seq_len': (1475, None)}, 'workloads': 1, 'speedup': (1.82, 1.82, 1.82), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 37, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1380, 2047), 'mean_seq_len': (None, 724), 'num_seqs': (None, 9), 'total_seq_len': (1475, None)}, 'workloads': 2, 'speedup': (1.05, 1.12, 1.2), 'fallbacks': ()},
+    {'region': 38, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1380, 2047), 'mean_seq_len': (724, None), 'num_seqs': (None, 9), 'total_seq_len': (1475, None)}, 'workloads': 1, 'speedup': (1.3, 1.3, 1.3), 'fallbacks': ('cuda_prefill_cp.p8',), 'hand_back': True},
+    {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1380), 'mean_seq_len': (362, None), 'num_seqs': (5, 9), 'total_seq_len': (1475, None)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ()},
+    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (856, 962), 'num_seqs': (9, 17), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (9, 17), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (408, 4528), 'mean_seq_len': (22, None), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 43, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (2047, 3399), 'num_seqs': (None, 9), 'total_seq_len': (4048, 6292)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': (), 'hand_back': True},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3399, None), 'num_seqs': (None, 1), 'total_seq_len': (4048, 6845)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
+    {'region': 45, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (3399, None), 'num_seqs': (1, 9), 'total_seq_len': (4048, 6845)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': (), 'hand_back': True},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (495, 639), 'num_seqs': (9, 17), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
+    {'region': 47, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 856), 'num_seqs': (9, 17), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (45, None), 'num_seqs': (17, None), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2047, 3399), 'num_seqs': (None, 5), 'total_seq_len': (6292, None)}, 'workloads': 1, 'speedup': (1.34, 1.34, 1.34), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 50, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2047, 3399), 'num_seqs': (5, 9), 'total_seq_len': (6292, None)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off'), 'hand_back': True},
+    {'region': 51, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (3399, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 9), 'total_seq_len': (6845, 23170)}, 'workloads': 1, 'speedup': (1.25, 1.25, 1.25), 'fallbacks': (), 'hand_back': True},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3399, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 9), 'total_seq_len': (6845, 23170)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 53, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (3399, 7663), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7663, None), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 24), 'mean_seq_len': (None, 331), 'num_seqs': (8, None), 'total_seq_len': (None, 51)}, 'workloads': 2, 'speedup': (3.03, 3.66, 4.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (57, 74), 'mean_seq_len': (None, 331), 'num_seqs': (None, 8), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (10.01, 10.11, 10.2), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (74, None), 'mean_seq_len': (None, 331), 'num_seqs': (None, 1), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (8.31, 9.61, 11.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 57), 'mean_seq_len': (None, 331), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 21, 'speedup': (5.85, 8.41, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (74, None), 'mean_seq_len': (None, 331), 'num_seqs': (1, 8), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (3.7, 6.15, 8.84), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (24, 40), 'mean_seq_len': (None, 331), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (None, 331), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (2.63, 3.74, 4.67), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (1773, None), 'total_seq_len': (None, 3547)}, 'workloads': 2, 'speedup': (2.1, 3.44, 5.64), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (331, 1773), 'total_seq_len': (None, 6845)}, 'workloads': 13, 'speedup': (2.52, 4.66, 8.79), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 331), 'num_seqs': (8, None), 'total_seq_len': (51, 181)}, 'workloads': 4, 'speedup': (3.12, 4.65, 7.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, 24), 'mean_seq_len': (None, 331), 'num_seqs': (8, None), 'total_seq_len': (51, 181)}, 'workloads': 3, 'speedup': (3.15, 3.64, 4.22), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (57, 74), 'mean_seq_len': (None, 331), 'num_seqs': (None, 8), 'total_seq_len': (90, 181)}, 'workloads': 1, 'speedup': (4.45, 4.45, 4.45), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (None, 45), 'total_seq_len': (181, 929)}, 'workloads': 9, 'speedup': (2.07, 3.51, 5.98), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (None, 45), 'total_seq_len': (181, 929)}, 'workloads': 15, 'speedup': (1.97, 3.63, 5.54), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 202), 'mean_seq_len': (45, 331), 'total_seq_len': (181, 929)}, 'workloads': 7, 'speedup': (4.23, 7.28, 10.65), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (202, None), 'mean_seq_len': (45, 331), 'total_seq_len': (181, 929)}, 'workloads': 7, 'speedup': (4.37, 6.54, 10.02), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 331), 'total_seq_len': (929, None)}, 'workloads': 45, 'speedup': (1.46, 3.02, 9.88), 'fallbacks': ()},
-    {'region': 18, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1773, None), 'total_seq_len': (3547, 6845)}, 'workloads': 1, 'speedup': (1.73, 1.73, 1.73), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1555), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (6845, 19714)}, 'workloads': 3, 'speedup': (1.4, 1.86, 3.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1555, 5420), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (6845, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (5420, None), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (6845, 23170)}, 'workloads': 1, 'speedup': (2.24, 2.24, 2.24), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 3402), 'mean_seq_len': (331, None), 'num_seqs': (None, 11), 'total_seq_len': (6845, None)}, 'workloads': 3, 'speedup': (2.47, 2.97, 3.65), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'mean_seq_len': (331, None), 'num_seqs': (None, 11), 'total_seq_len': (6845, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1555), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (19714, None)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1555, 11585), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11585, None), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (None, 914), 'num_seqs': (None, 9), 'total_seq_len': (None, 36)}, 'workloads': 15, 'speedup': (6.2, 8.52, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (26, 64), 'mean_seq_len': (None, 914), 'num_seqs': (None, 9), 'total_seq_len': (None, 36)}, 'workloads': 2, 'speedup': (7.36, 8.42, 9.63), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 355), 'num_seqs': (32, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (3.12, 3.12, 3.12), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 14), 'mean_seq_len': (None, 355), 'num_seqs': (32, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.15, 3.27, 3.4), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 2946), 'mean_seq_len': (914, 1254), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (3.98, 3.98, 3.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (None, 2946), 'mean_seq_len': (1254, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (4.65, 5.3, 6.04), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2946, 5008), 'mean_seq_len': (914, None), 'num_seqs': (None, 1)}, 'workloads': 2, 'speedup': (1.55, 1.78, 2.04), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (5008, None), 'mean_seq_len': (914, 12872), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (1.55, 1.55, 1.55), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5008, None), 'mean_seq_len': (12872, None), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (64, 98), 'mean_seq_len': (None, 914), 'num_seqs': (None, 9)}, 'workloads': 3, 'speedup': (4.45, 6.93, 10.53), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (98, 132), 'mean_seq_len': (None, 914), 'num_seqs': (None, 9)}, 'workloads': 7, 'speedup': (3.77, 7.59, 11.06), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (132, None), 'mean_seq_len': (None, 914), 'num_seqs': (None, 9)}, 'workloads': 28, 'speedup': (2.77, 5.97, 9.42), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2946, 5008), 'mean_seq_len': (914, 1448), 'num_seqs': (1, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2946, 5008), 'mean_seq_len': (1448, None), 'num_seqs': (1, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 15, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (11579, None), 'mean_seq_len': (914, None), 'num_seqs': (2, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 16, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (5008, 7660), 'mean_seq_len': (914, None), 'num_seqs': (2, None)}, 'workloads': 4, 'speedup': (1.98, 2.86, 3.51), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7660, 11579), 'mean_seq_len': (914, None), 'num_seqs': (2, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (5, 16), 'mean_seq_len': (None, 5), 'num_seqs': (9, 32)}, 'workloads': 1, 'speedup': (4.22, 4.22, 4.22), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 914), 'num_seqs': (9, 32)}, 'workloads': 2, 'speedup': (4.37, 5.17, 6.12), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, None), 'mean_seq_len': (None, 914), 'num_seqs': (9, 32)}, 'workloads': 31, 'speedup': (1.75, 3.08, 5.53), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (5, 16), 'mean_seq_len': (5, 914), 'num_seqs': (9, 32)}, 'workloads': 3, 'speedup': (5.73, 6.29, 7.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11579, None), 'mean_seq_len': (914, None), 'num_seqs': (11, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (None, 355), 'num_seqs': (32, None)}, 'workloads': 24, 'speedup': (1.3, 2.55, 4.18), 'fallbacks': ()},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2896), 'mean_seq_len': (355, 914), 'num_seqs': (32, None)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (355, 914), 'num_seqs': (32, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 40), 'mean_seq_len': (None, 914), 'num_seqs': (None, 9), 'total_seq_len': (36, None)}, 'workloads': 6, 'speedup': (2.99, 6.6, 13.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (40, 64), 'mean_seq_len': (None, 914), 'num_seqs': (None, 9), 'total_seq_len': (36, None)}, 'workloads': 5, 'speedup': (4.77, 7.45, 10.66), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (None, 5), 'num_seqs': (32, None), 'total_seq_len': (181, None)}, 'workloads': 5, 'speedup': (2.07, 2.86, 3.53), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (5, 355), 'num_seqs': (32, None), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (2.9, 3.01, 3.23), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1448, 2946), 'mean_seq_len': (914, None), 'num_seqs': (None, 5), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (2.25, 2.35, 2.46), 'fallbacks': ()},
+    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1448), 'mean_seq_len': (914, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (4.52, 4.52, 4.52), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1448, 2946), 'mean_seq_len': (914, None), 'num_seqs': (5, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.91, 2.91, 2.91), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -326,204 +387,270 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 1: 3 workloads, 7.77x (7.66x .. 7.84x) over vllm_flashinfer_prefill
     if total_seq_len <= 14 and num_seqs <= 9 and 2 < max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 2 workloads, 1.85x (1.52x .. 2.24x) over vllm_flashinfer_prefill
-    if total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and 4 < max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 2 workloads, 1.19x (1.18x .. 1.20x) over vllm_flashinfer_prefill
-    if total_seq_len <= 93 and num_seqs > 9 and mean_seq_len <= 45 and 11 < max_seq_len <= 314:
+    # region 2: 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 9 < num_seqs <= 17 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 2 workloads, 1.18x (1.17x .. 1.19x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 9 < num_seqs <= 17 and 11 < max_seq_len <= 495:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 4: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 1448 and 9 < num_seqs <= 17 and 495 < max_seq_len <= 856:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
     # region 5: 1 workloads, 8.73x (8.73x .. 8.73x) over vllm_flashinfer_prefill
     if total_seq_len <= 1475 and num_seqs <= 1 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 2 workloads, 6.98x (6.86x .. 7.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1475 and num_seqs <= 5 and mean_seq_len > 5 and 7 < max_seq_len <= 16:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 1 workloads, 7.31x (7.31x .. 7.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 5 and 7 < max_seq_len <= 9:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 8: 2 workloads, 7.23x (7.10x .. 7.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 5 and 9 < max_seq_len <= 16:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 43 workloads, 3.27x (1.18x .. 6.20x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1475 and num_seqs <= 9 and max_seq_len > 16:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 6 workloads, 7.15x (6.86x .. 7.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 362 and 7 < max_seq_len <= 17:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 37 workloads, 3.67x (1.64x .. 6.23x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 362 and max_seq_len > 17:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 8: 3 workloads, 1.94x (1.71x .. 2.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len > 362 and 7 < max_seq_len <= 795:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 3 workloads, 1.36x (1.30x .. 1.42x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len > 362 and max_seq_len > 795:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p4'
     # region 10: 1 workloads, 10.30x (10.30x .. 10.30x) over vllm_flashinfer_prefill
     if total_seq_len <= 1475 and 1 < num_seqs <= 9 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 1 workloads, 7.05x (7.05x .. 7.05x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1475 and 5 < num_seqs <= 9 and mean_seq_len > 5 and 7 < max_seq_len <= 16:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 12: 11 workloads, 1.19x (1.07x .. 1.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len <= 90 and max_seq_len > 314:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len > 90 and 314 < max_seq_len <= 756:
-        return 'flashinfer_direct'
-    # region 14: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len > 90 and max_seq_len > 756:
+    # region 11: 2 workloads, 1.15x (1.14x .. 1.15x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and 9 < num_seqs <= 17 and max_seq_len > 856:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 15: 6 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and 9 < num_seqs <= 45 and mean_seq_len > 45 and max_seq_len <= 314:
+    # region 12: 3 workloads, 1.17x (1.15x .. 1.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 22 and 408 < max_seq_len <= 4528:
+        return 'cuda_prefill_staged.r64s4'
+    # region 13: 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and 17 < num_seqs <= 45 and mean_seq_len > 45 and max_seq_len <= 314:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 5792 and num_seqs > 45 and mean_seq_len > 45 and max_seq_len <= 206:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 5 workloads, 6.37x (1.68x .. 9.45x) over vllm_flashinfer_prefill
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if 17 < num_seqs <= 45 and mean_seq_len > 22 and 314 < max_seq_len <= 408:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 17: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call
+    if 17 < num_seqs <= 45 and mean_seq_len > 22 and max_seq_len > 4528:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 18: 2 workloads, 1.94x (1.75x .. 2.16x) over vllm_flashinfer_prefill
+    if 17 < num_seqs <= 62 and mean_seq_len <= 2 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    if 17 < num_seqs <= 62 and mean_seq_len <= 2 and 11 < max_seq_len <= 314:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r64s4'
+    # region 20: 6 workloads, 1.21x (1.07x .. 1.55x) over vllm_flashinfer_prefill
+    if num_seqs > 17 and mean_seq_len <= 22 and max_seq_len > 314:
+        return 'cuda_prefill_staged.r64s4'
+    # region 21: 22 workloads, 1.32x (1.13x .. 1.52x) over vllm_flashinfer_prefill
+    if num_seqs > 17 and 2 < mean_seq_len <= 45 and max_seq_len <= 314:
+        return 'cuda_prefill_staged.r64s4'
+    # region 23: 2 workloads, 1.05x (1.04x .. 1.05x) over vllm_flashinfer_prefill's guarded call
+    if num_seqs > 45 and mean_seq_len > 22 and max_seq_len > 4528:
+        return 'cuda_prefill_staged.r64s4'
+    # region 24: 4 workloads, 1.64x (1.61x .. 1.66x) over vllm_flashinfer_prefill
+    if num_seqs > 62 and mean_seq_len <= 2 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 2 workloads, 1.50x (1.45x .. 1.56x) over vllm_flashinfer_prefill
+    if num_seqs > 62 and mean_seq_len <= 2 and 8 < max_seq_len <= 314:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 5 workloads, 6.37x (1.68x .. 9.45x) over vllm_flashinfer_prefill
     if 14 < total_seq_len <= 1475 and num_seqs <= 9 and 2 < max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 19: 36 workloads, 1.29x (1.04x .. 1.55x) over vllm_flashinfer_prefill
-    if total_seq_len > 93 and num_seqs > 9 and mean_seq_len <= 45 and max_seq_len <= 314:
-        return 'cuda_prefill_staged.r64s4'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if 1475 < total_seq_len <= 3505 and num_seqs <= 2 and max_seq_len <= 1380:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 21: 3 workloads, 1.25x (1.12x .. 1.34x) over vllm_flashinfer_prefill
-    if 1475 < total_seq_len <= 3505 and num_seqs <= 2 and max_seq_len > 1380:
+    # region 27: 6 workloads, 1.11x (1.06x .. 1.15x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 362 and 9 < num_seqs <= 17 and max_seq_len <= 495:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 28: 2 workloads, 1.04x (1.03x .. 1.05x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 724 and 9 < num_seqs <= 17 and max_seq_len <= 174:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 29: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 1448 and 9 < num_seqs <= 17 and 174 < max_seq_len <= 495:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 30: 3 workloads, 1.10x (1.08x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and 9 < num_seqs <= 17 and max_seq_len <= 174:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 31: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 5792 and 9 < num_seqs <= 17 and 495 < max_seq_len <= 856:
+        return 'flashinfer_direct'
+    # region 32: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and 9 < num_seqs <= 17 and 174 < max_seq_len <= 495:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 33: 3 workloads, 1.15x (1.07x .. 1.26x) over vllm_flashinfer_prefill
+    if 1475 < total_seq_len <= 4048 and num_seqs <= 9 and max_seq_len > 2047:
         return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
-    # region 22: 3 workloads, 1.86x (1.06x .. 2.86x) over vllm_flashinfer_prefill
-    if 1475 < total_seq_len <= 3505 and 2 < num_seqs <= 5:
-        return 'cuda_prefill_staged.r32s4'
-    # region 23: 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill
-    if 1475 < total_seq_len <= 3505 and 5 < num_seqs <= 9 and max_seq_len <= 529:
+    # region 34: 2 workloads, 2.44x (2.10x .. 2.84x) over vllm_flashinfer_prefill
+    if total_seq_len > 1475 and num_seqs <= 5 and mean_seq_len > 362 and max_seq_len <= 1380:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 35: 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill
+    if total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len <= 362 and max_seq_len <= 639:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 24: 2 workloads, 1.50x (1.21x .. 1.84x) over vllm_flashinfer_prefill
-    if 1475 < total_seq_len <= 3505 and 5 < num_seqs <= 9 and max_seq_len > 529:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 5792 and 9 < num_seqs <= 21 and 314 < max_seq_len <= 639:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and 9 < num_seqs <= 21 and 639 < max_seq_len <= 962:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 9 < num_seqs <= 21 and max_seq_len > 962:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 2896 and 21 < num_seqs <= 45 and max_seq_len > 4528:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs > 21 and mean_seq_len <= 22 and 314 < max_seq_len <= 4528:
-        return 'cuda_prefill_staged.r64s4'
-    # region 30: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 22 and 314 < max_seq_len <= 4528:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 2896 and num_seqs > 45 and max_seq_len > 4528:
-        return 'cuda_prefill_staged.r64s4'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
-    if 3505 < total_seq_len <= 4840 and 5 < num_seqs <= 9 and max_seq_len <= 1659:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
-    # region 33: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 3505 < total_seq_len <= 4840 and 5 < num_seqs <= 9 and max_seq_len > 1659:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 3505 and num_seqs <= 5 and max_seq_len <= 1920:
+    # region 36: 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill
+    if total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len <= 362 and 639 < max_seq_len <= 1380:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 37: 2 workloads, 1.12x (1.05x .. 1.20x) over vllm_flashinfer_prefill
+    if total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len <= 724 and 1380 < max_seq_len <= 2047:
         return 'cuda_prefill_staged.r32s4'
-    # region 36: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
-    if total_seq_len > 4840 and 5 < num_seqs <= 9 and max_seq_len <= 1380:
+    # region 38: 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len > 724 and 1380 < max_seq_len <= 2047:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
+    # region 39: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
+    if total_seq_len > 1475 and 5 < num_seqs <= 9 and mean_seq_len > 362 and max_seq_len <= 1380:
+        return 'flashinfer_direct'
+    # region 40: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and 9 < num_seqs <= 17 and 856 < max_seq_len <= 962:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 37: 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 4840 and 5 < num_seqs <= 9 and 1380 < max_seq_len <= 3402:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4840 and 5 < num_seqs <= 9 and max_seq_len > 3402:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 9 < num_seqs <= 21 and 314 < max_seq_len <= 639:
+    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and 9 < num_seqs <= 17 and max_seq_len > 962:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 42: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 22 and 408 < max_seq_len <= 4528:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call
+    if 4048 < total_seq_len <= 6292 and num_seqs <= 9 and 2047 < max_seq_len <= 3399:
+        return 'cuda_prefill_cp.p4'
+    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 4048 < total_seq_len <= 6845 and num_seqs <= 1 and max_seq_len > 3399:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 45: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call
+    if 4048 < total_seq_len <= 6845 and 1 < num_seqs <= 9 and max_seq_len > 3399:
+        return 'cuda_prefill_cp.p8'
+    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 9 < num_seqs <= 17 and 495 < max_seq_len <= 639:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs > 9 and mean_seq_len > 45 and max_seq_len <= 314:
+    # region 47: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 5792 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 856:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 48: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs > 17 and mean_seq_len > 45 and max_seq_len <= 314:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 49: 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 6292 and num_seqs <= 5 and 2047 < max_seq_len <= 3399:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 50: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 6292 and 5 < num_seqs <= 9 and 2047 < max_seq_len <= 3399:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 51: 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill's guarded call
+    if 6845 < total_seq_len <= 23170 and num_seqs <= 9 and mean_seq_len <= 1448 and max_seq_len > 3399:
+        return 'cuda_prefill_cp.p8'
+    # region 52: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 6845 < total_seq_len <= 23170 and num_seqs <= 9 and mean_seq_len > 1448 and max_seq_len > 3399:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'vllm_flashinfer_prefill'
+    # region 53: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23170 and num_seqs <= 9 and 3399 < max_seq_len <= 7663:
+        return 'cuda_prefill_staged.r32s4'
+    # region 54: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 3.66x (3.03x .. 4.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 51 and num_seqs > 8 and mean_seq_len <= 331 and max_seq_len <= 24:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 2 workloads, 10.11x (10.01x .. 10.20x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 8 and mean_seq_len <= 331 and 57 < max_seq_len <= 74:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 3: 2 workloads, 9.61x (8.31x .. 11.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 1 and mean_seq_len <= 331 and max_seq_len > 74:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 21 workloads, 8.41x (5.85x .. 15.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 331 and max_seq_len <= 57:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 3 workloads, 6.15x (3.70x .. 8.84x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 1 < num_seqs <= 8 and mean_seq_len <= 331 and max_seq_len > 74:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 331 and 24 < max_seq_len <= 40:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 3 workloads, 3.74x (2.63x .. 4.67x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 331 and max_seq_len > 40:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 2 workloads, 3.44x (2.10x .. 5.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3547 and mean_seq_len > 1773:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p4'
-    # region 9: 13 workloads, 4.66x (2.52x .. 8.79x) over vllm_flashinfer_prefill
-    if total_seq_len <= 6845 and 331 < mean_seq_len <= 1773:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 10: 4 workloads, 4.65x (3.12x .. 7.25x) over vllm_flashinfer_prefill
-    if 51 < total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 331 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 3 workloads, 3.64x (3.15x .. 4.22x) over vllm_flashinfer_prefill
-    if 51 < total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 331 and 8 < max_seq_len <= 24:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 12: 1 workloads, 4.45x (4.45x .. 4.45x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 331 and 57 < max_seq_len <= 74:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 13: 9 workloads, 3.51x (2.07x .. 5.98x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 929 and mean_seq_len <= 45 and max_seq_len <= 23:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 15 workloads, 3.63x (1.97x .. 5.54x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 929 and mean_seq_len <= 45 and max_seq_len > 23:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 7 workloads, 7.28x (4.23x .. 10.65x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 929 and 45 < mean_seq_len <= 331 and max_seq_len <= 202:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 16: 7 workloads, 6.54x (4.37x .. 10.02x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 929 and 45 < mean_seq_len <= 331 and max_seq_len > 202:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 45 workloads, 3.02x (1.46x .. 9.88x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and mean_seq_len <= 331:
-        return 'cuda_prefill_staged.r64s4'
-    # region 18: 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill
-    if 3547 < total_seq_len <= 6845 and mean_seq_len > 1773:
+    # region 1: 15 workloads, 8.52x (6.20x .. 15.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 36 and num_seqs <= 9 and mean_seq_len <= 914 and max_seq_len <= 26:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 2 workloads, 8.42x (7.36x .. 9.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 36 and num_seqs <= 9 and mean_seq_len <= 914 and 26 < max_seq_len <= 64:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 3: 1 workloads, 3.12x (3.12x .. 3.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 32 and mean_seq_len <= 355 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 2 workloads, 3.27x (3.15x .. 3.40x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 32 and mean_seq_len <= 355 and 2 < max_seq_len <= 14:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 1 workloads, 3.98x (3.98x .. 3.98x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and 914 < mean_seq_len <= 1254 and max_seq_len <= 2946:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 2 workloads, 5.30x (4.65x .. 6.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and mean_seq_len > 1254 and max_seq_len <= 2946:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
+    # region 7: 2 workloads, 1.78x (1.55x .. 2.04x) over vllm_flashinfer_prefill
+    if num_seqs <= 1 and mean_seq_len > 914 and 2946 < max_seq_len <= 5008:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
-    # region 19: 3 workloads, 1.86x (1.40x .. 3.00x) over vllm_flashinfer_prefill
-    if 6845 < total_seq_len <= 19714 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len <= 1555:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if 6845 < total_seq_len <= 23170 and num_seqs > 11 and mean_seq_len > 331 and 1555 < max_seq_len <= 5420:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 1 workloads, 2.24x (2.24x .. 2.24x) over vllm_flashinfer_prefill
-    if 6845 < total_seq_len <= 23170 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len > 5420:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 22: 3 workloads, 2.97x (2.47x .. 3.65x) over vllm_flashinfer_prefill
-    if total_seq_len > 6845 and num_seqs <= 11 and mean_seq_len > 331 and max_seq_len <= 3402:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 8: 2 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and 914 < mean_seq_len <= 12872 and max_seq_len > 5008:
+        return 'cuda_prefill_cp.p8'
+    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 2 and mean_seq_len > 12872 and max_seq_len > 5008:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 3 workloads, 6.93x (4.45x .. 10.53x) over vllm_flashinfer_prefill
+    if num_seqs <= 9 and mean_seq_len <= 914 and 64 < max_seq_len <= 98:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 11: 7 workloads, 7.59x (3.77x .. 11.06x) over vllm_flashinfer_prefill
+    if num_seqs <= 9 and mean_seq_len <= 914 and 98 < max_seq_len <= 132:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 28 workloads, 5.97x (2.77x .. 9.42x) over vllm_flashinfer_prefill
+    if num_seqs <= 9 and mean_seq_len <= 914 and max_seq_len > 132:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 1 and 914 < mean_seq_len <= 1448 and 2946 < max_seq_len <= 5008:
+        return 'flashinfer_direct'
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if 2 < num_seqs <= 11 and mean_seq_len > 914 and max_seq_len > 11579:
+        return 'cuda_prefill_cp.p8'
+    # region 16: 4 workloads, 2.86x (1.98x .. 3.51x) over vllm_flashinfer_prefill
+    if num_seqs > 2 and mean_seq_len > 914 and 5008 < max_seq_len <= 7660:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 18: 1 workloads, 4.22x (4.22x .. 4.22x) over vllm_flashinfer_prefill
+    if 9 < num_seqs <= 32 and mean_seq_len <= 5 and 5 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 19: 2 workloads, 5.17x (4.37x .. 6.12x) over vllm_flashinfer_prefill
+    if 9 < num_seqs <= 32 and mean_seq_len <= 914 and max_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 31 workloads, 3.08x (1.75x .. 5.53x) over vllm_flashinfer_prefill
+    if 9 < num_seqs <= 32 and mean_seq_len <= 914 and max_seq_len > 16:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 21: 3 workloads, 6.29x (5.73x .. 7.25x) over vllm_flashinfer_prefill
+    if 9 < num_seqs <= 32 and 5 < mean_seq_len <= 914 and 5 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 24 workloads, 2.55x (1.30x .. 4.18x) over vllm_flashinfer_prefill
+    if num_seqs > 32 and mean_seq_len <= 355 and max_seq_len > 14:
+        return 'cuda_prefill_staged.r64s4'
     # region 24: 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 19714 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len <= 1555:
+    if num_seqs > 32 and 355 < mean_seq_len <= 914 and max_seq_len <= 2896:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and num_seqs > 11 and mean_seq_len > 331 and 1555 < max_seq_len <= 11585:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 6 workloads, 6.60x (2.99x .. 13.03x) over vllm_flashinfer_prefill
+    if total_seq_len > 36 and num_seqs <= 9 and mean_seq_len <= 914 and max_seq_len <= 40:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 27: 5 workloads, 7.45x (4.77x .. 10.66x) over vllm_flashinfer_prefill
+    if total_seq_len > 36 and num_seqs <= 9 and mean_seq_len <= 914 and 40 < max_seq_len <= 64:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 28: 5 workloads, 2.86x (2.07x .. 3.53x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs > 32 and mean_seq_len <= 5 and max_seq_len <= 14:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 29: 3 workloads, 3.01x (2.90x .. 3.23x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs > 32 and 5 < mean_seq_len <= 355 and max_seq_len <= 14:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 30: 2 workloads, 2.35x (2.25x .. 2.46x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs <= 5 and mean_seq_len > 914 and 1448 < max_seq_len <= 2946:
+        return 'flashinfer_direct'
+    # region 31: 1 workloads, 4.52x (4.52x .. 4.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and mean_seq_len > 914 and max_seq_len <= 1448:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 32: 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs > 5 and mean_seq_len > 914 and 1448 < max_seq_len <= 2946:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len > 2896 and 21 < num_seqs <= 45 and max_seq_len > 4528:  # region 28
+    if 17 < num_seqs <= 45 and mean_seq_len > 22 and max_seq_len > 4528:  # region 17
         return True
-    if total_seq_len > 2896 and num_seqs > 45 and max_seq_len > 4528:  # region 31
+    if num_seqs > 45 and mean_seq_len > 22 and max_seq_len > 4528:  # region 23
         return True
-    if total_seq_len > 4840 and 5 < num_seqs <= 9 and 1380 < max_seq_len <= 3402:  # region 37
+    if total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len > 724 and 1380 < max_seq_len <= 2047:  # region 38
+        return True
+    if 4048 < total_seq_len <= 6292 and num_seqs <= 9 and 2047 < max_seq_len <= 3399:  # region 43
+        return True
+    if 4048 < total_seq_len <= 6845 and 1 < num_seqs <= 9 and max_seq_len > 3399:  # region 45
+        return True
+    if total_seq_len > 6292 and num_seqs <= 5 and 2047 < max_seq_len <= 3399:  # region 49
+        return True
+    if total_seq_len > 6292 and 5 < num_seqs <= 9 and 2047 < max_seq_len <= 3399:  # region 50
+        return True
+    if 6845 < total_seq_len <= 23170 and num_seqs <= 9 and mean_seq_len <= 1448 and max_seq_len > 3399:  # region 51
+        return True
+    if total_seq_len > 23170 and num_seqs <= 9 and 3399 < max_seq_len <= 7663:  # region 53
         return True
     return False

@@ -206,6 +206,9 @@ __device__ __forceinline__ void walk(const Args& A) {
     // CP key rows: the rows of A, walked from the identity with no values; segment 0 needs none
     const bool keys = CP && i_g >= NVB;
     if (keys && p == 0) return;
+    // CP: a segment the sequence is too short for returns before the batch's check (cu[i_n], cu[i_n + 1]
+    // are in bounds whatever they hold; a bad batch zeroes its outputs in segment 0, which every one has)
+    if (CP && p >= segments_of(cu[i_n], cu[i_n + 1], A.P)) return;
     const int i_hk = i_h / (A.hv / A.hqk);
     const int v0 = (keys ? i_g - NVB : i_g) * ROWS;
     const long long out_t = (long long)A.hv * 128;  // output token stride
@@ -225,10 +228,7 @@ __device__ __forceinline__ void walk(const Args& A) {
         return;
     }
 
-    if (CP) {
-        if (p >= segments_of(bos, eos, A.P)) return;  // a segment this sequence is too short for
-        segment_of(cu[i_n], cu[i_n + 1], p, A.P, bos, eos);
-    }
+    if (CP) segment_of(cu[i_n], cu[i_n + 1], p, A.P, bos, eos);
 
     const int vr = lane >> 2, t0 = (lane & 3) * 2;  // fragment row (V row) and first column (token / key)
     const int row = v0 + warp * 16 + vr;            // this lane's first state row (a key row for `keys`)
@@ -436,10 +436,10 @@ __device__ __forceinline__ void chain(const Args& A) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int i_vb = blockIdx.x % 8, i_h = (blockIdx.x / 8) % A.hv;
     const long long i_n = blockIdx.x / 8 / A.hv;
+    const int Pn = segments_of(cu[i_n], cu[i_n + 1], A.P);
+    if (Pn < 2) return;  // one segment: the walk left the final state (before the check, as the walk's)
     const Checked seq = check_sequence<CU, SLOTS>(A, cu, i_n, tid, CHAIN_THREADS);
     if (!(seq.ok && seq.live)) return;  // the walk zeroed the outputs and left the state
-    const int Pn = segments_of(cu[i_n], cu[i_n + 1], A.P);
-    if (Pn < 2) return;  // one segment: the walk left the final state
     const int v0 = i_vb * 16, vr = lane >> 2, t0 = (lane & 3) * 2, c0 = warp * 32;
     // this lane's fragments of the warp's columns: S[j], columns c0 + 8 j + t0 + {0, 1}, rows vr and vr + 8
     float* srow = A.state + seq.slot * A.s_slot + (long long)i_h * A.s_head + (long long)(v0 + vr) * A.s_row + c0;
@@ -538,12 +538,13 @@ __device__ __forceinline__ void correct(const Args& A) {
     const long long rest = blockIdx.x / NVB / A.hv, i_c = rest % chunks, i_seg = rest / chunks;
     const long long i_n = i_seg / (A.P - 1);
     const int p = (int)(i_seg % (A.P - 1)) + 1;
-    const Checked seq = check_sequence<CU, SLOTS>(A, cu, i_n, tid, THREADS);
     long long bos, eos;
     segment_of(cu[i_n], cu[i_n + 1], p, A.P, bos, eos);
     const long long b0 = bos / 16 + i_c * FIX_BLOCKS, end = eos > bos ? (eos + 15) / 16 : 0;
     const long long b1 = b0 + FIX_BLOCKS < end ? b0 + FIX_BLOCKS : end;
-    if (!(seq.ok && seq.live) || b0 >= b1) return;
+    if (b0 >= b1) return;  // a chunk past the segment's blocks: before the check, as the walk's
+    const Checked seq = check_sequence<CU, SLOTS>(A, cu, i_n, tid, THREADS);
+    if (!(seq.ok && seq.live)) return;
     const int v0 = i_vb * ROWS, vr = lane >> 2, t0 = (lane & 3) * 2, row = v0 + warp * 16 + vr;
     const long long out_t = (long long)A.hv * 128;
     const int len = (int)(eos - bos);
