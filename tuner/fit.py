@@ -100,7 +100,10 @@ best is kept if it lowers the node's cost by more than `min_split_gain` (1%) of 
 at least `min_leaf` workloads (3: two let one length mix decide a region; where the coverage
 measures each shape in several length mixes, two shapes in every mix for graph calls and one more
 than the mixes for eager ones, a one-sequence shape, the same workload in every mix, counting as one
-in each: `_leaf_params`), and depth <= `max_depth` (4, so at most 16 regions; 5 was
+in each: `_leaf_params`; a side under min_leaf where no variant but the baseline is admissible everywhere, to
+carve out the shapes no variant wins in every length mix, was scored on the H200 held-out store on 2026-12-02:
+graph mean regrets summed over the routers 108.7 -> 120.1%, eager 156.5 -> 166.2%, verify qk2's graph 2.1 ->
+12.6%, none slower either way; not adopted), and depth <= `max_depth` (4, so at most 16 regions; 5 was
 scored on both held-out stores on 2026-11-29: graph regret unchanged but pool qk16's 15.00 -> 14.39% mean
 (H200), eager mean regrets summed over the routers 276 -> 273% (H200) and 322 -> 318% (H100), with one more
 eager call slower than the baseline, H200 gathered qk2, and the H100 indexer's eager 0.36 -> 7.84%). Sibling
