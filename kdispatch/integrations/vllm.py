@@ -32,8 +32,8 @@ vLLM's function:
   call asking the kernel to normalise them, `use_qk_l2norm_in_kernel=True`, stays vLLM's). vLLM 0.34
   hands its FlashInfer function the gate exp(g) where the definitions take the log decay, and an
   `output` slice to write (read from vLLM 0.34.0's source, 2026-12-02; `_gates_taken` tells the two
-  apart): a call kdispatch serves gets the log back first (`_log_decay`, one elementwise launch
-  more; calls its router gives back reach vLLM's function as they came) and its output written into
+  apart): a call kdispatch serves gets the log back first (`_log_decay`, two elementwise launches
+  more, the clamp and the log; calls its router gives back reach vLLM's function as they came) and its output written into
   `output`. Calls with FlashInfer state checkpoints (prefix caching's "align" mode) stay vLLM's, as
   does every call where those definitions have no router for the GPU yet (`serving.not_served`). They are
   routed with the batch's longest query as `max_seq_len`: `build` of vLLM's
