@@ -14,7 +14,8 @@ CP walks P segments of every sequence at once.
         [--json out.json]
 
 A shape is SEQSxTOKENS with random cut points, or SEQSxTOKENS/MIX with one of the coverage sets' length
-mixes (the definition spec's prefill_mix: "skewed", one long sequence among short ones; "equal").
+mixes (the definition spec's prefill_mix: "skewed", one long sequence among short ones; "equal");
+"skewed@I" puts the long sequence at index I (-1: last), to see what its place in the batch costs.
 
 A variant a definition does not register (another definition's baseline) is skipped there ("-").
 """
@@ -50,6 +51,14 @@ def axes_of(definition: str, shape: str) -> dict[str, int]:
     return axes
 
 
+def placed_longest(cu: torch.Tensor, at: int) -> torch.Tensor:
+    """The boundaries with the longest sequence moved to index `at`, the others in their order."""
+    lens = (cu[1:] - cu[:-1]).tolist()
+    longest = lens.pop(max(range(len(lens)), key=lens.__getitem__))
+    lens.insert(at if at >= 0 else len(lens) + 1 + at, longest)
+    return torch.tensor([0] + lens, dtype=cu.dtype).cumsum(0).to(cu.dtype)
+
+
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     got, want = got.float(), want.float()
     if not bool(torch.isfinite(got).all()):
@@ -62,6 +71,7 @@ def main() -> None:
     ap.add_argument("--definitions", nargs="+", default=DEFINITIONS)
     ap.add_argument("--shapes", nargs="+", default=SHAPES, help="SEQSxTOKENS")
     ap.add_argument("--variants", nargs="+", default=VARIANTS)
+    ap.add_argument("--replays", type=int, default=5, help="graph replays a variant (their median and p90)")
     ap.add_argument("--json")
     opts = ap.parse_args()
     registry.discover()
@@ -74,14 +84,17 @@ def main() -> None:
     for name in opts.definitions:
         definition = definitions.resolve_name(name)
         ref = registry.get(definition, "reference").fn
-        print(f"\n{definition}\n{'shape':>13} " + " ".join(f"{v:>26}" for v in opts.variants))
+        print(f"\n{definition}\n{'shape':>20} " + " ".join(f"{v:>34}" for v in opts.variants))
         for shape in opts.shapes:
             axes = axes_of(definition, shape)
             args = list(materialize(definition, SimpleWorkload(axes, uuid=f"cp-{shape}"), device="cuda", seed=1))
             if "/" in shape:  # the mix's boundaries over the random ones
-                mixed = prefill_mix(axes, shape.split("/")[1], torch.Generator().manual_seed(1))
+                mix, _, at = shape.split("/")[1].partition("@")
+                mixed = prefill_mix(axes, mix, torch.Generator().manual_seed(1))
                 if "cu_seqlens" not in mixed:
-                    raise SystemExit(f"prefill_cp: no length mix {shape.split('/')[1]!r} (skewed, equal)")
+                    raise SystemExit(f"prefill_cp: no length mix {mix!r} (skewed, equal)")
+                if at:
+                    mixed["cu_seqlens"] = placed_longest(mixed["cu_seqlens"], int(at))
                 args[list(definitions.get(definition).inputs).index("cu_seqlens")].copy_(mixed["cu_seqlens"])
             fresh = lambda: [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # noqa: E731
             want = [t.float() for t in ref(*fresh())[:2]]
@@ -96,7 +109,7 @@ def main() -> None:
                     why = "not registered"
                 if why:
                     row["skipped"] = why
-                    cells.append(f"{'-':>26}")
+                    cells.append(f"{'-':>34}")
                 else:
                     work = fresh()
                     for i, a in enumerate(work):  # poison the outputs the call must write
@@ -104,13 +117,15 @@ def main() -> None:
                             a.fill_(float("nan"))
                     got = v.fn(*work)[:2]
                     row["out_err"], row["state_err"] = rel_err(got[0], want[0]), rel_err(got[1], want[1])
-                    row["graph_us"] = statistics.median(timing.graph_times_us(v.fn, sets, 5)[0])
+                    replays = timing.graph_times_us(v.fn, sets, opts.replays)[0]
+                    row["graph_us"] = statistics.median(replays)
+                    row["graph_p90_us"] = statistics.quantiles(replays, n=10)[-1] if len(replays) > 1 else replays[0]
                     row["eager_us"] = statistics.median(timing.eager_times_us(v.fn, sets, 30))
-                    cells.append(f"{row['graph_us']:8.1f} {row['eager_us']:7.1f} "
+                    cells.append(f"{row['graph_us']:8.1f} {row['graph_p90_us']:7.1f} {row['eager_us']:7.1f} "
                                  f"{row['out_err']:.1e}/{row['state_err']:.1e}")
                 rows.append(row)
-            print(f"{shape:>13} " + " ".join(cells), flush=True)
-    print("\ncells: graph us, eager us, output / state error")
+            print(f"{shape:>20} " + " ".join(cells), flush=True)
+    print("\ncells: graph us (median, p90 of the replays), eager us, output / state error")
     if opts.json:
         Path(opts.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "date": time.strftime(
             "%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__, "rows": rows}, indent=1))
