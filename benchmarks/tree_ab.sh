@@ -16,6 +16,8 @@
 #                                              run's output under a "## before" / "## change" / "## alt" line,
 #                                              into $OUT/tree-ab.txt (TREE_AB_TIMEOUT seconds a run, default 120)
 #
+# benchmarks/tree_ab_summary.py puts the arms of prefill_cp.py runs side by side (medians over the runs).
+#
 # Without the GPU setup's bundles (benchmarks/gpu_env.sh) the package is found through PYTHONPATH alone: what
 # needs FlashInfer or the engines' packages is then skipped by the benchmark, as it would be anywhere.
 # benchmarks/results/cp-segments-ab-H200.txt and walk-lazy-decay-ab-H200.txt were taken this way (by hand).
