@@ -1,5 +1,7 @@
-# The re-tune and held-out check, in steps that each fit one GPU-machine call (after shared/device's
-# gpu-setup.sh). From the project root:
+# The re-tune and held-out check, in steps that each fit one GPU-machine call (after the setup of the engines
+# bundle, benchmarks/stage_engines.sh, then of shared/device's, benchmarks/rebundle.sh: a tune stops where a
+# store's rows were measured against a library baseline the machine lacks, such as SGLang's, unless TUNE_ARGS
+# has --stand-in-baseline). From the project root:
 #
 #   bash benchmarks/retune.sh tune MINUTES     measure what the main store lacks (contest + coverage), refit routers
 #                                              (TUNE_ARGS adds tune options: --device cuda:0, --definitions ...,

@@ -460,6 +460,49 @@ def test_a_tune_takes_new_eager_times_as_the_stored_rows_took_them(tmp_path, toy
         assert "took their eager times in turns and" not in told.getvalue()
 
 
+def test_a_tune_stops_where_the_stores_library_baseline_is_missing(tmp_path, toy, monkeypatch):
+    """A store measured against a library baseline, tuned again where its package is missing: the
+    reference would stand in as the baseline (timed as it, the new rows' eager turns paired with it), so
+    the tune stops before measuring and says why, unless told to let it stand in."""
+    from kdispatch.tuner import cli
+
+    def library_baseline(requires):
+        registry.unregister(NAME, "toy_library")
+        registry.variant(NAME, "toy_library", backend="library", archs=("*",), requires=requires,
+                         baseline=True)(lambda x, alpha: x * alpha)
+
+    library_baseline(("torch",))
+    try:
+        store = tmp_path / "store" / "cpu.sqlite"
+        kw = dict(definitions=["toy_scale"], device="cpu", env=ENV, store=store, quick=True, compile_routers=False)
+        write_traces(tmp_path, (2,))
+        flows.tune(tmp_path / "traces", stream=open(os.devnull, "w"), **kw)
+        assert {r.variant for r in Store.open(store).results(NAME) if r.baseline} == {"toy_library"}
+        library_baseline(("kd_no_such_package",))
+        write_traces(tmp_path / "later", (2, 5))
+        with pytest.raises(flows.StandInBaseline, match=r"measured against toy_library, which does not run here "
+                                                         r"\(missing package kd_no_such_package\); reference would stand in"):
+            flows.tune(tmp_path / "later" / "traces", stream=open(os.devnull, "w"), **kw)
+        assert len(Store.open(store).results(NAME)) == 2, "nothing measured"
+        monkeypatch.setattr(sys, "argv", ["kdispatch", "tune", "--workloads", str(tmp_path / "later" / "traces"),
+                                          "--definitions", "toy_scale", "--device", "cpu", "--store", str(store)])
+        monkeypatch.setattr(flows, "detect_environment", lambda devices: ENV)
+        from kdispatch import cli as main_cli
+        with pytest.raises(SystemExit) as stopped:
+            main_cli.main()
+        assert stopped.value.code == 2
+        # let it stand in: the reference timed as the baseline on every workload
+        flows.tune(tmp_path / "later" / "traces", stand_in=True, stream=open(os.devnull, "w"), **kw)
+        assert {(r.variant, r.uuid) for r in Store.open(store).results(NAME) if r.baseline} == {
+            ("toy_library", "toy-2"), ("reference", "toy-2"), ("reference", "toy-5")}
+        # nothing pending (the stored workload), or a store never measured against it: no stop
+        flows.tune(tmp_path / "traces", stream=open(os.devnull, "w"), **kw)
+        flows.tune(tmp_path / "later" / "traces", stream=open(os.devnull, "w"),
+                   **{**kw, "store": tmp_path / "fresh" / "cpu.sqlite"})
+    finally:
+        registry.unregister(NAME, "toy_library")
+
+
 def test_a_tune_warns_of_a_mix_only_on_the_workloads_of_its_sets(tmp_path, toy):
     """Rows of a workload since dropped from the sets are neither fitted by `route` nor retaken by
     `--eager-turns-only`: a tune that measures in turns does not count them as a mix (its advice to

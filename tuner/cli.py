@@ -3,6 +3,7 @@
     kdispatch tune [--workloads DIR ...] [--definitions D ...] [--variants V ... | --skip-variants V ...]
                    [--device cuda|cuda:N[,M]] [--out routers/] [--store PATH] [--quick] [--force] [--trials N]
                    [--timeout S] [--screen FACTOR] [--warm N] [--eager-turns | --eager-turns-only [--retake-before UTC]]
+                   [--stand-in-baseline]
     kdispatch route [--store PATH ...] [--out routers/] [--arch sm90] [--definitions D ...] [--workloads DIR ...]
                     [--check HELDOUT_STORE]
     kdispatch explain <definition> key=value ... [--arch sm90] [--routers DIR] [--store PATH ...]
@@ -100,6 +101,10 @@ def add_commands(sub) -> None:
                    help="with --eager-turns-only: also take again the workloads with a row measured before this "
                         "time (e.g. 2026-11-29T22:02:00Z): a --force retake cut short resumes given its start time, "
                         "where --force would begin again")
+    p.add_argument("--stand-in-baseline", action="store_true",
+                   help="measure a definition whose stored rows on this GPU were taken against a library baseline "
+                        "that does not run here (a package missing), with the next baseline that runs (the reference "
+                        "at worst) in its place; without it such a tune stops before measuring")
     p.add_argument("--pending", action="store_true", help="print what would be measured and stop (no GPU needed: "
                    "without one, the store's newest environment stands in)")
     p.add_argument("--max-minutes", type=float, help="stop measuring after this long (store and routers are "
@@ -190,7 +195,7 @@ def _check_workloads(args) -> None:
 
 
 def cmd_tune(args) -> int:
-    from .flows import tune
+    from .flows import StandInBaseline, tune
 
     _check_workloads(args)
     if args.retake_before and not args.eager_turns_only:
@@ -202,12 +207,16 @@ def cmd_tune(args) -> int:
                 skip_variants=args.skip_variants, device=args.device, store=args.store,
                 eager_only=args.eager_turns_only, force=args.force, retake_before=args.retake_before)
         return 0
-    r = tune(args.workloads, definitions=args.definitions, variants=args.variants,
-             skip_variants=args.skip_variants, device=args.device,
-             store=args.store, out=args.out, quick=args.quick, force=args.force, trials=args.trials,
-             timeout=args.timeout, compile_routers=not args.no_route, max_minutes=args.max_minutes,
-             screen=args.screen or None, warm=args.warm, eager_turns=args.eager_turns,
-             eager_only=args.eager_turns_only, retake_before=args.retake_before)
+    try:
+        r = tune(args.workloads, definitions=args.definitions, variants=args.variants,
+                 skip_variants=args.skip_variants, device=args.device,
+                 store=args.store, out=args.out, quick=args.quick, force=args.force, trials=args.trials,
+                 timeout=args.timeout, compile_routers=not args.no_route, max_minutes=args.max_minutes,
+                 screen=args.screen or None, warm=args.warm, eager_turns=args.eager_turns,
+                 eager_only=args.eager_turns_only, retake_before=args.retake_before,
+                 stand_in=args.stand_in_baseline)
+    except StandInBaseline as exc:
+        _fail(args, f"a library baseline is missing here:\n{exc}")
     print(f"tuned {len(r.plans)} definitions on {r.env['device']} ({r.env['arch']}): {len(r.measured)} measurements, "
           f"{len(r.routers)} routers, {r.seconds / 60:.1f} min" + ("" if r.complete else "; INCOMPLETE: re-run"))
     return 0 if r.complete else 3

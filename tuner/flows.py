@@ -58,7 +58,7 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
          executor: str | None = None, in_process: bool | None = None, timeout: float = 300.0, stream=None,
          compile_routers: bool = True, max_minutes: float | None = None, screen: float | None = None,
          warm: int = 0, eager_turns: bool = False, eager_only: bool = False,
-         retake_before: str | None = None) -> TuneResult:
+         retake_before: str | None = None, stand_in: bool = False) -> TuneResult:
     """Measures what the store lacks, then compiles the routers. Returns what it did.
 
     `warm`: worker processes per GPU that first call every pending variant once on its workload
@@ -86,7 +86,11 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
     a forced retake cut short resumes, given its start). Resumable like a tune.
 
     `max_minutes`: stop measuring after this long (then the store's twin is written and the routers
-    compiled from what was measured; re-running resumes). SIGTERM is handled the same way."""
+    compiled from what was measured; re-running resumes). SIGTERM is handled the same way.
+
+    `stand_in`: measure a definition whose store rows on this GPU were taken against a library baseline that
+    does not run here, with the next one that does (the reference at worst) as its baseline; without it
+    such a tune raises `StandInBaseline` before measuring anything (`stand_in_baselines`)."""
     t0, started = time.monotonic(), now()
     stream = stream or sys.stderr
     devices = parse_devices(device)
@@ -108,6 +112,9 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
                  for d in names]
         for p in plans:  # new rows take their eager times as the stored ones did, so the eager fit compares like
             p.eager_turns = bool(p.pending) and stored_in_turns(store, env["device"], p.definition)
+    stand_ins = [] if stand_in else stand_in_baselines(store, env["device"], env["arch"], plans)
+    if stand_ins:
+        raise StandInBaseline("\n".join(stand_ins))
     total = sum(len(p.pending) for p in plans)
     progress = Progress(total, stream)
     stream.write(f"[tune] {env['device']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}, "
@@ -554,6 +561,35 @@ def _wins_anywhere(table, name: str, params) -> bool:
                                      for tb in (timed(b, mode), timed(b, mode, guarded=True))):
                 return True
     return False
+
+
+class StandInBaseline(RuntimeError):
+    """A tune would measure against another baseline than the store's rows on this GPU were measured against."""
+
+
+def stand_in_baselines(store: Store, device: str, arch: str, plans: list[Plan]) -> list[str]:
+    """Why each plan with pending pairs would be measured against a stand-in: the device's rows of its
+    definition name a library baseline ahead of the plan's in the registry's order that does not run
+    here (a package missing). The stand-in would be timed as the baseline and every new row's eager
+    turns paired with it, not with the call the fit compares against (an H200 tune without SGLang's
+    package, 2026-12-03: the reference stood in for the pool prefills' baseline, 557 rows' turns paired
+    with it)."""
+    envs = {e["id"] for e in store.envs() if e["device"] == device}
+    out = []
+    for p in plans:
+        if not p.pending:
+            continue
+        libs = [v for v in registry.variants(p.definition) if v.baseline]
+        rank = {v.name: i for i, v in enumerate(libs)}
+        measured = {r.variant for r in store.results(p.definition) if r.env in envs and r.baseline}
+        ahead = [v for v in libs if v.name in measured and rank[v.name] < rank.get(p.baseline, len(libs))]
+        if ahead:
+            v = ahead[0]
+            out.append(f"{defs.get(p.definition).short}: its rows on {device} were measured against {v.name}, which "
+                       f"does not run here ({v.why_not(arch)}); {p.baseline} would stand in as the baseline. Install "
+                       f"what it needs (the GPU machine: benchmarks/stage_engines.sh's bundles), leave the definition "
+                       f"out, or pass --stand-in-baseline")
+    return out
 
 
 def stored_in_turns(store: Store, device: str, definition: str) -> bool:
