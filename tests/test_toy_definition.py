@@ -464,7 +464,7 @@ def test_a_tune_stops_where_the_stores_library_baseline_is_missing(tmp_path, toy
     """A store measured against a library baseline, tuned again where its package is missing: the
     reference would stand in as the baseline (timed as it, the new rows' eager turns paired with it), so
     the tune stops before measuring and says why, unless told to let it stand in."""
-    from kdispatch.tuner import cli
+    import io
 
     def library_baseline(requires):
         registry.unregister(NAME, "toy_library")
@@ -478,8 +478,11 @@ def test_a_tune_stops_where_the_stores_library_baseline_is_missing(tmp_path, toy
         write_traces(tmp_path, (2,))
         flows.tune(tmp_path / "traces", stream=open(os.devnull, "w"), **kw)
         assert {r.variant for r in Store.open(store).results(NAME) if r.baseline} == {"toy_library"}
-        library_baseline(("kd_no_such_package",))
         write_traces(tmp_path / "later", (2, 5))
+        planned = io.StringIO()  # planning from another machine names the baseline and what it needs there
+        flows.pending(tmp_path / "later" / "traces", definitions=["toy_scale"], device="cpu", store=store, stream=planned)
+        assert "toy_scale: 2 (toy_fast 1, toy_library 1); baseline toy_library (needs torch)" in planned.getvalue()
+        library_baseline(("kd_no_such_package",))
         with pytest.raises(flows.StandInBaseline, match=r"measured against toy_library, which does not run here "
                                                          r"\(missing package kd_no_such_package\); reference would stand in"):
             flows.tune(tmp_path / "later" / "traces", stream=open(os.devnull, "w"), **kw)

@@ -441,9 +441,11 @@ def pending(roots, *, definitions=None, variants=None, skip_variants=None, devic
             counts[name] = counts.get(name, 0) + 1
         out[d] = counts
         total += len(p.pending)
-        if counts:
+        if counts:  # with the baseline they pair with, and the packages it needs there (`stand_in_baselines`)
+            needs = registry.get(d, p.baseline).requires
             stream.write(f"[pending] {defs.get(d).short}: {len(p.pending)} ("
-                         + ", ".join(f"{n} {c}" for n, c in sorted(counts.items())) + ")\n")
+                         + ", ".join(f"{n} {c}" for n, c in sorted(counts.items())) + f"); baseline {p.baseline}"
+                         + (f" (needs {', '.join(needs)})" if needs else "") + "\n")
     stream.write(f"[pending] {total} (variant, workload) pairs to measure\n")
     return out
 
