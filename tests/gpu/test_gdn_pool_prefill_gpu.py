@@ -151,27 +151,6 @@ def test_context_parallel_fits_segments_to_each_sequence(hq, hv, name):
     check(v.fn(*args), want)
 
 
-@pytest.mark.parametrize("name", ["cuda_prefill_staged.r32s4", "cuda_prefill_staged.r64s4"])
-@pytest.mark.parametrize("lengths", [
-    [5, 5, 700, 0, 5, 33, 700, 1, 64, 64, 16, 17],  # ties (the longest twice), an empty sequence
-    [3] * 40 + [900],  # the longest last
-    [4] * 40 + [90, 3, 70, 70],  # heavy (>= 1/32 of the tokens) and light sequences mixed, heavy ties
-    [1 + i % 3 for i in range(1030)] + [500],  # past the .cu's WALK_ORDER_MAX: the batch's own order
-], ids=["ties", "longest-last", "heavy-and-light", "past-order-max"])
-def test_walk_order_takes_every_sequence_once(name, lengths):
-    """The walk takes the heavy sequences first (prefill_walk.cu's walk_order): every sequence walked once
-    whatever the lengths' order, ties and empty sequences included, and in the batch's order past the
-    ranked count."""
-    hq, hv = 4, 8
-    v = runnable(hq, hv, name)
-    args = args_for(hq, hv, sum(lengths), len(lengths), len(lengths) + 1, seed=len(lengths))
-    args[IDX].copy_(torch.randperm(len(lengths), generator=torch.Generator().manual_seed(1)).to(args[IDX]) + 1)
-    args[CU].copy_(torch.tensor([0] + lengths, device="cuda").cumsum(0))
-    want = reference(hq, hv, args)
-    args[OUT].fill_(float("nan"))  # every row is a live sequence's: each must be written
-    check(v.fn(*args), want)
-
-
 @pytest.mark.parametrize("name", ["cuda_prefill_pool_rows.k4c16", "sglang_flashinfer_prefill",
                                   "flashinfer_pool_inplace", "flashinfer_direct", "cuda_prefill_cp.p8"])
 @pytest.mark.parametrize("hq,hv", HEADS)

@@ -145,24 +145,6 @@ __device__ __forceinline__ Checked check_sequence(const Args& A, const CU* cu, l
     return c;
 }
 
-// The walk's order: its blocks take the batch's heavy sequences first, longest first (ties by index), then
-// the others in the batch's order. Blocks start in index order, so a long sequence late in the batch started
-// last and shared SMs with the short ones' blocks for its whole walk (H200, one sequence of 21,516 tokens
-// among 255 of 12: the walk's time at index 212 or last 5-20% above the same batch with it first, and +25%
-// on a tenth of the graph replays; benchmarks/results/walk-order-H200.txt). Heavy: at least 1/32 of the
-// batch's tokens (at most 32 sequences); ordering every sequence by length made near-uniform batches 2-6%
-// slower than their own order (benchmarks/results/walk-order-ab-H200.txt). The first launch ranks the
-// sequences into the int32 slots after the factors (ranks of any cu_seqlens values are a permutation of
-// 0 .. N - 1: every sequence is walked once, whatever the batch holds); past WALK_ORDER_MAX sequences (a
-// rank costs a pass over all of them), or with no tokens (no first launch), the batch's own order.
-#define WALK_ORDER_MAX 1024
-__device__ __forceinline__ bool walk_ordered(int N, long long T) { return N <= WALK_ORDER_MAX && T > 0; }
-__device__ __forceinline__ int* walk_order(const float* fac, long long T, int hv) {
-    return reinterpret_cast<int*>(const_cast<float*>(fac) + (T + 15) / 16 * hv * 64);
-}
-// a sequence's key in walk_order's ranking: its length if heavy, else 0 (the light ones tie: index order)
-__device__ __forceinline__ long long walk_key(long long len, long long T) { return len * 32 >= T ? len : 0; }
-
 // A lane's state fragments S[j] (rows r and r + 8, columns 8 j + t0 + {0, 1}) to fp32 rows `stride` apart.
 __device__ __forceinline__ void store_rows(float* row, long long stride, int t0, const float (*S)[4]) {
 #pragma unroll
@@ -219,7 +201,7 @@ __device__ __forceinline__ void walk(const Args& A) {
     const int i_g = blockIdx.x % GROUPS;
     const int i_h = (blockIdx.x / GROUPS) % A.hv;
     const long long i_seg = blockIdx.x / GROUPS / A.hv;
-    const long long i_n = CP ? i_seg / A.P : walk_ordered(A.N, A.T) ? walk_order(A.fac, A.T, A.hv)[i_seg] : i_seg;
+    const long long i_n = CP ? i_seg / A.P : i_seg;
     const int p = CP ? (int)(i_seg % A.P) : 0;
     // CP key rows: the rows of A, walked from the identity with no values; segment 0 needs none
     const bool keys = CP && i_g >= NVB;
@@ -641,10 +623,8 @@ __device__ __forceinline__ void correct(const Args& A) {
 // piece, T = (I + A)^-1 by forward substitution (a lane a column of its head), and the walk's inputs:
 // TB = T diag(beta) and P (bf16 [16, 16] each at mats + (b HV + h) 512) and the factors (fp32 [4, 16] at
 // fac + (b HV + h) 64): Gamma rk, scale Gamma rq, exp(G_end - G) rk, exp(G_end); zero past T.
-// Every warp also ranks a share of the sequences for the walk's order (walk_order), into the N int32 after
-// the factors. cu_seqlens is only scanned for boundaries and lengths: a malformed batch gives values the walk
-// never reads (it checks cu_seqlens itself) and ranks that are still a permutation. Grid (blocks, HQK), 32
-// threads; HV / HQK <= ALG_HEADS.
+// cu_seqlens is only scanned for boundaries: a malformed batch gives values the walk never reads (it
+// checks cu_seqlens itself). Grid (blocks, HQK), 32 threads; HV / HQK <= ALG_HEADS.
 #define ALG_ROW 136   // bf16 a K / Q row in shared memory, as KROW
 #define ALG_HEADS 4   // value heads a q/k head at most (2 in every definition here)
 #define ALG_PAIRS (ALG_HEADS / 2)
@@ -702,23 +682,6 @@ __device__ __forceinline__ void algebra(const bf16_t* q, const bf16_t* k, const 
         if (s > 0 && s < 16) starts |= 1u << s;
     }
     starts = __reduce_or_sync(0xffffffffu, starts);
-    // the walk's order (walk_order): every warp of the launch ranks its share of the sequences, a sequence at
-    // a time, the lanes counting a stride of the others each (one warp ranking 32 at once, a lane each over
-    // all N, made the calls of 1,000 sequences 9-12% slower)
-    if (walk_ordered(N, T)) {
-        int* order = walk_order(fac, T, hv);
-        const long long warps = (long long)gridDim.x * gridDim.y;
-        for (long long n = (long long)hk * gridDim.x + blockIdx.x; n < N; n += warps) {
-            const long long ln = walk_key((long long)cu[n + 1] - (long long)cu[n], T);
-            int ahead = 0;
-            for (int m = lane; m < N; m += 32) {
-                const long long lm = walk_key((long long)cu[m + 1] - (long long)cu[m], T);
-                ahead += lm > ln || (lm == ln && m < n);
-            }
-            ahead = __reduce_add_sync(0xffffffffu, ahead);
-            if (lane == 0) order[ahead] = (int)n;
-        }
-    }
     cp_async_wait<0>();
     __syncwarp();
 

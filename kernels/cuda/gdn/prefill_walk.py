@@ -3,9 +3,8 @@
 sequence's blocks in order with the state in registers; the .cu has the transposed algebra that keeps the
 state and every intermediate in mma accumulator fragments. The first launch is the .cu's too (`algebra`:
 one warp a block and q/k head, its products on mma.sync, the inverse by substitution, a pair of value
-heads at once; the engines' activated gates and the contest's raw ones; it also ranks the sequences,
-the heaviest first, for the walk's order of blocks: the .cu's walk_order says why). Against the Triton first
-launch of kernels/triton/gdn/prefill_staged.py it replaced: benchmarks/results/algebra-cuda-ab-H200.txt.
+heads at once; the engines' activated gates and the contest's raw ones). Against the Triton first launch
+of kernels/triton/gdn/prefill_staged.py it replaced: benchmarks/results/algebra-cuda-ab-H200.txt.
 
 Definitions as the Triton staged kernel: gdn_prefill (the contest's), gdn_prefill_pool_* and
 gdn_prefill_gathered_*. Configurations `r<rows>s<stages>`: V rows a block (16 a warp; fewer rows a
@@ -115,10 +114,9 @@ def cp_kernel(part: str, pooled: bool) -> nvrtc.Kernel:
 
 def algebra(q, k, gates, cu_seqlens, HV: int, scale: float, *, contest: bool):
     """The first launch in CUDA, the .cu's gdn_prefill_algebra_<pool|contest>: (matrices, factors) of every
-    16-token block and value head, the factors followed by the walk's order of the sequences. `gates`: (g,
-    beta, None, None) activated, fp32, q/k normalised in the launch (the engines'); or the contest's (a, b,
-    A_log, dt_bias), bf16 a and b, fp32 A_log and dt_bias [HV] (the dispatcher checks dtypes against the
-    definition)."""
+    16-token block and value head. `gates`: (g, beta, None, None) activated, fp32, q/k normalised in the
+    launch (the engines'); or the contest's (a, b, A_log, dt_bias), bf16 a and b, fp32 A_log and dt_bias [HV]
+    (the dispatcher checks dtypes against the definition)."""
     T, HQK = q.shape[0], q.shape[1]
     N = cu_seqlens.shape[0] - 1
     if HV % HQK or HV // HQK > ALGEBRA_HEADS:
@@ -129,8 +127,7 @@ def algebra(q, k, gates, cu_seqlens, HV: int, scale: float, *, contest: bool):
     beta = beta if beta.stride(-1) == 1 else beta.contiguous()
     blocks = -(-T // 16)
     mats = torch.empty(max(blocks, 1) * HV * 512, device=q.device, dtype=torch.bfloat16)
-    # the walk's order after the factors: N int32 (the .cu's walk_order)
-    factors = torch.empty(max(blocks, 1) * HV * 64 + N, dtype=torch.float32, device=q.device)
+    factors = torch.empty(max(blocks, 1) * HV * 64, dtype=torch.float32, device=q.device)
     if blocks:
         kind = "contest" if contest else "pool"
         kern = _kernels.get(("algebra", kind))
