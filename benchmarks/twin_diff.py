@@ -41,7 +41,7 @@ def rows_of(source: str, twin: str, variants: str, definitions: str) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--old", required=True)
     ap.add_argument("--new", required=True)
@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--by", help="a workload axis to bin the ratios by")
     ap.add_argument("--edges", nargs="+", type=int, default=[], help="the bins' edges along --by")
     ap.add_argument("--by-variants", default="", help="variant name prefix of the binned rows")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     old = rows_of(a.old, a.twin, a.variants, a.definitions)
     new = rows_of(a.new, a.twin, a.variants, a.definitions)
     since = max((t for _m, _a, t in old.values()), default="")
