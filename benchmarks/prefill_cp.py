@@ -11,11 +11,14 @@ CP walks P segments of every sequence at once.
 
     python benchmarks/prefill_cp.py [--definitions gdn_prefill_pool_qk2_v4 ...] \\
         [--shapes 1x2048 4x512 8x4096/skewed ...] [--variants cuda_prefill_staged.r64s4 cuda_prefill_cp.p8 ...] \\
-        [--replays N] [--check reference|first] [--json out.json]
+        [--replays N] [--check reference|first] [--kernels] [--json out.json]
 
 A shape is SEQSxTOKENS with random cut points, or SEQSxTOKENS/MIX with one of the coverage sets' length
 mixes (the definition spec's prefill_mix: "skewed", one long sequence among short ones; "equal");
 "skewed@I" puts the long sequence at index I (-1: last), to see what its place in the batch costs.
+
+`--kernels` adds, under each shape's row, every variant's kernels and their device time per call
+(torch.profiler over eager calls, benchmarks/hosttime.py): where a variant's time goes, launch by launch.
 
 A variant a definition does not register (another definition's baseline) is skipped there ("-").
 """
@@ -29,9 +32,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
+from hosttime import kernel_times  # noqa: E402
 from kdispatch import arch, definitions, registry  # noqa: E402
 from kdispatch.definitions.gdn.spec import prefill_mix  # noqa: E402
 from kdispatch.tuner import timing  # noqa: E402
@@ -75,6 +80,8 @@ def main() -> None:
     ap.add_argument("--check", choices=("reference", "first"), default="reference",
                     help="errors against the definition's reference, or against the first variant run on the "
                          "shape (no reference call, which walks the batch on the host: quicker A/B runs)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="each variant's kernels and their device time per call, under the shape's row")
     ap.add_argument("--json")
     opts = ap.parse_args()
     registry.discover()
@@ -102,7 +109,7 @@ def main() -> None:
             fresh = lambda: [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # noqa: E731
             want = [t.float() for t in ref(*fresh())[:2]] if opts.check == "reference" else None
             sets = timing.input_sets(definition, args, l2)
-            cells = []
+            cells, parts = [], []
             for vname in opts.variants:
                 row = {"definition": definition, "shape": shape, "variant": vname}
                 try:
@@ -126,10 +133,16 @@ def main() -> None:
                     row["graph_us"] = statistics.median(replays)
                     row["graph_p90_us"] = statistics.quantiles(replays, n=10)[-1] if len(replays) > 1 else replays[0]
                     row["eager_us"] = statistics.median(timing.eager_times_us(v.fn, sets, 30))
+                    if opts.kernels:
+                        row["kernels_us"] = kernel_times(v.fn, fresh())
+                        parts.append(f"{'':>20}   {vname}: " + ", ".join(
+                            f"{k.split('(')[0][:48]} {t:.1f}" for k, t in row["kernels_us"].items()))
                     cells.append(f"{row['graph_us']:8.1f} {row['graph_p90_us']:7.1f} {row['eager_us']:7.1f} "
                                  f"{row['out_err']:.1e}/{row['state_err']:.1e}")
                 rows.append(row)
             print(f"{shape:>20} " + " ".join(cells), flush=True)
+            for line in parts:
+                print(line, flush=True)
     print("\ncells: graph us (median, p90 of the replays), eager us, output / state error"
           + (" against the first variant run on the shape" if opts.check == "first" else ""))
     if opts.json:

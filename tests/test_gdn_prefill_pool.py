@@ -130,23 +130,63 @@ def test_context_parallel_is_offered_only_to_few_long_sequences():
         assert "tokens" in v.declines({"num_seqs": 1, "total_seq_len": pw.CP_MIN_TOKENS - 1})
 
 
-def test_correction_grid_covers_every_segment():
-    """correct_chunks sizes the CP correction's grid for the longest segment past the first that a batch of
-    T tokens can hold, each sequence in as many segments as its 16-token blocks allow (the .cu's
-    segments_of and segment_of, restated here): a segment longer than the grid would keep part of its
-    outputs uncorrected."""
+def cp_split(lengths, HV: int, P: int, sms: int) -> list[int]:
+    """The segments each sequence gets from the .cu's cp_plan (restated): its 16-token blocks over seg, at
+    least one, at most P; seg the larger of CP_SEG_BLOCKS and the batch's blocks' steps over the SMs' rate."""
+    import numpy as np
+
     from kdispatch.kernels.cuda.gdn import prefill_walk as pw
 
-    for P in pw.CP_SEGMENTS:
-        for T in (1, 100, 300, 1000, 4096):
-            room = pw.correct_chunks(T, P) * pw.CORRECT_BLOCKS
-            for offset in (0, 7, 15):  # where the sequence starts in its first block
-                for length in range(1, T - offset + 1):
-                    blocks = -(-(offset + length) // 16)
-                    segments = min(P, max(1, blocks // pw.CP_SEG_BLOCKS))
-                    edges = [p * blocks // segments for p in range(segments + 1)]
-                    longest = max((b - a for a, b in zip(edges[1:-1], edges[2:])), default=0)
-                    assert longest <= room, (P, T, offset, length)
+    edges = np.cumsum([0] + list(lengths))
+    blocks = [(-(-int(e) // 16) - int(b) // 16) if e > b else 0 for b, e in zip(edges[:-1], edges[1:])]
+    nvb = 128 // (16 * pw.CP_WALK[0])
+    busy = np.float32(sum(blocks)) * np.float32(HV) * np.float32(nvb) / (np.float32(pw.CP_RATE) * np.float32(sms))
+    seg = int(np.ceil(busy)) if busy > pw.CP_SEG_BLOCKS else pw.CP_SEG_BLOCKS
+    return [min(P, max(1, nb // seg)) for nb in blocks], blocks
+
+
+def test_cp_plan_fits_the_grids_sized_for_it():
+    """cp_bounds sizes the CP grids (extra segments, correction chunks) for the most any valid batch of T
+    tokens in N sequences can get from the .cu's cp_plan; a plan past them would walk the batch unsplit
+    (safe, slow). Random batches, long-among-short and equal ones, every configuration, several SM counts."""
+    import random
+
+    from kdispatch.kernels.cuda.gdn import prefill_walk as pw
+
+    rng = random.Random(5)
+    for _ in range(3000):
+        N = rng.choice((1, 2, 3, 4, 8, 16, 64))
+        T = rng.choice((1, 100, 1024, 4096, 8192, 32768)) * rng.choice((1, 1, 2)) // rng.choice((1, 3))
+        T = max(T, 1)
+        mix = rng.choice(("random", "skewed", "equal"))
+        if mix == "equal":
+            lengths = [T // N + (i < T % N) for i in range(N)]
+        elif mix == "skewed":
+            short = max(0, T // 8 // max(N - 1, 1))
+            lengths = [short] * (N - 1) + [T - short * (N - 1)] if T >= short * (N - 1) else [T] + [0] * (N - 1)
+            rng.shuffle(lengths)
+        else:
+            cuts = sorted(rng.randint(0, T) for _ in range(N - 1))
+            lengths = [b - a for a, b in zip([0] + cuts, cuts + [T])]
+        P, HV, sms = rng.choice(pw.CP_SEGMENTS), rng.choice((1, 4, 8, 16)), rng.choice((16, 78, 132))
+        e_max, c_max = pw.cp_bounds(T, N, P, HV, sms)
+        segs, blocks = cp_split(lengths, HV, P, sms)
+        chunks = sum(-(-((p + 1) * nb // s - p * nb // s) // pw.CORRECT_BLOCKS)
+                     for nb, s in zip(blocks, segs) for p in range(1, s))
+        assert sum(s - 1 for s in segs) <= e_max and chunks <= c_max, (T, N, P, HV, sms, mix, lengths)
+
+
+def test_cp_plan_splits_what_the_gpu_would_otherwise_wait_for():
+    """cp_plan's rule (restated above): equal sequences that keep the H200's 132 SMs busy are walked whole; one
+    long sequence among short ones is cut, the short ones not; a lone long sequence into the configuration's
+    segments, no more than the rate allows."""
+    assert cp_split([512] * 16, HV=4, P=4, sms=132)[0] == [1] * 16  # 16 x 8,192 equal: 64 pairs
+    segs = cp_split([64] * 15 + [7232], HV=4, P=16, sms=132)[0]
+    assert segs[:15] == [1] * 15 and 4 <= segs[15] <= 16
+    assert cp_split([4096], HV=4, P=4, sms=132)[0] == [4]
+    assert cp_split([1024] * 4, HV=4, P=4, sms=132)[0] == [4] * 4  # 16 pairs of 64 blocks
+    assert cp_split([1024] * 4, HV=8, P=4, sms=132)[0] == [2] * 4  # 32 pairs: half as many
+    assert cp_split([256] * 8, HV=4, P=16, sms=132)[0] == [1] * 8  # under two CP_SEG_BLOCKS each
 
 
 def test_cuda_first_launch_refuses_head_ratios_it_cannot_hold():

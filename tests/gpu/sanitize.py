@@ -28,14 +28,15 @@ from hostile import (GATHERED_PREFILL, PACKED, POOL_PREFILL, VERIFY, VERIFY_STEP
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 SHAPES = {  # small contest-like shapes, sparse attention one per CUDA kernel; indexed ones also get hostile seeds
     "gdn_decode": [{"batch_size": 3}],
-    "gdn_prefill": [{"total_seq_len": 37, "num_seqs": 3}],
+    "gdn_prefill": [{"total_seq_len": 37, "num_seqs": 3}, {"total_seq_len": 1500, "num_seqs": 3}],  # 2nd: CP
     "dsa_topk_indexer": [{"batch_size": 3, "max_num_pages": 20, "num_pages": 200},
                          {"batch_size": 3, "max_num_pages": 60, "num_pages": 200}],
     "dsa_sparse_attention": sparse_attention_shapes(num_pages=100),
     "moe_fp8": [{"seq_len": 3}],
     **{short: [{"batch_size": 5, "num_slots": 8}] for short in PACKED},
-    **{short: [{"total_seq_len": 37, "num_seqs": 9, "num_slots": 12}] for short in POOL_PREFILL},
-    **{short: [{"total_seq_len": 37, "num_seqs": 9}] for short in GATHERED_PREFILL},
+    **{short: [{"total_seq_len": 37, "num_seqs": 9, "num_slots": 12}, {"total_seq_len": 1500, "num_seqs": 3, "num_slots": 5}]
+       for short in POOL_PREFILL},
+    **{short: [{"total_seq_len": 37, "num_seqs": 9}, {"total_seq_len": 1500, "num_seqs": 3}] for short in GATHERED_PREFILL},
     **{short: [{"num_seqs": 9, "cache_steps": 3, "total_seq_len": 27, "num_slots": 12, "num_cache_rows": 10}]
        for short in VERIFY},
     **{short: [{"num_seqs": 9, "num_steps": 3, "total_seq_len": 27, "num_slots": 30}] for short in VERIFY_STEPS},

@@ -134,18 +134,19 @@ def test_context_parallel_on_long_sequences(hq, hv, total, seqs, name):
     check(v.fn(*args), want)
 
 
+@pytest.mark.parametrize("lengths", [[1801, 3, 0, 300, 129, 700, 17, 255, 256], [5, 4000, 0, 33]])
 @pytest.mark.parametrize("name", ["cuda_prefill_cp.p4", "cuda_prefill_cp.p16"])
 @pytest.mark.parametrize("hq,hv", [(2, 4), (8, 16)])
-def test_context_parallel_fits_segments_to_each_sequence(hq, hv, name):
-    """A long sequence among short ones: each sequence in as many segments as its blocks allow
-    (prefill_walk.py's CP_SEG_BLOCKS), from the walk alone (one segment: no chain, no correction) through
-    fewer segments than the configuration's to all of them; an empty sequence, one without an initial
-    state, a sequence starting mid-block."""
+def test_context_parallel_fits_segments_to_each_sequence(hq, hv, name, lengths):
+    """A long sequence among short ones: each sequence in the segments the .cu's cp_plan gives it (its
+    blocks over the larger of CP_SEG_BLOCKS and the batch's unsplit walk time), from the walk alone (one
+    segment: no chain, no correction) through fewer segments than the configuration's to all of them (at 4
+    value heads 1,801 tokens in 4 or 7 segments, 700 in 2, 4,000 in 4 or 15; at 16, 1,801 in 2 and 4,000
+    in 4); an empty sequence, one without an initial state, a sequence starting mid-block."""
     v = runnable(hq, hv, name)
-    lengths = [1801, 3, 0, 300, 129, 700, 17, 255, 256]
     args = args_for(hq, hv, sum(lengths), len(lengths), len(lengths) + 2, seed=7)
     args[CU].copy_(torch.tensor([0] + lengths, device="cuda").cumsum(0))
-    args[INIT][3] = False
+    args[INIT][len(lengths) - 1] = False
     want = reference(hq, hv, args)
     args[OUT].fill_(float("nan"))  # every row is a live sequence's: each must be written
     check(v.fn(*args), want)

@@ -115,7 +115,7 @@ struct Args {
     float* state; const int* slots; const unsigned char* init; const void* cu; bf16_t* out;
     long long T; int N, num_slots, hv, hqk, has_state;
     long long q_t, q_h, k_t, k_h, v_t, v_h, s_slot, s_head, s_row;
-    int P; bf16_t* aux; float* bs; bf16_t* as;  // CP: segments a sequence at most, key rows' outputs, B, A
+    const int* plan; bf16_t* aux; float* bs; bf16_t* as;  // CP: the batch's plan (cp_plan), key rows' outputs, B, A
 };
 
 // The cu_seqlens check every kernel here makes (block-wide, one __syncthreads_or): 0 = cu[0] <= ... <= cu[N] = T.
@@ -154,35 +154,129 @@ __device__ __forceinline__ void store_rows(float* row, long long stride, int t0,
     }
 }
 
-// CP: the segments the sequence [bos, eos) is walked in, P or as many as give each CP_SEG_BLOCKS of its
-// 16-token blocks or more, at least one (a short sequence in a batch with a long one: its walk alone,
-// without the key rows, the chain steps and the correction a segment past the first costs). A segment past
-// the first costs a chain step (a 128 x 128 x 128 product, about a few blocks' walk) and its key rows' walk.
-// prefill_walk.py reads the number from here (the correction's grid).
-#define CP_SEG_BLOCKS 8
-__device__ __forceinline__ int segments_of(long long bos, long long eos, int P) {
-    const long long n = (eos > bos ? (eos + 15) / 16 - bos / 16 : 0) / CP_SEG_BLOCKS;
-    return n < 1 ? 1 : n < P ? (int)n : P;
+// ---- CP: the batch's plan, made by the first launch's last block (cp_plan) ----
+// How many segments each sequence is walked in, and the lists the CP launches' blocks take their work from:
+// their grids are sized for the most work the plan can give a batch of their shape (IDLE below), not for every
+// (sequence, segment, chunk) a batch of T tokens could hold (on batches of short sequences, those idle blocks
+// were half the CP launches' time: benchmarks/results/cp-parts-H200.txt). A sequence of nb 16-token
+// blocks is walked in nb / seg segments (at least one, at most P), seg the larger of CP_SEG_BLOCKS and the
+// steps the GPU needs for the whole batch's walk unsplit (its blocks' steps over CP_RATE steps an SM): a
+// segment shorter than that shortens nothing and adds its key rows, a chain step and its correction (equal
+// sequences that fill the GPU ran 2-3x slower split, cp-parts-H200.txt), while one long sequence among
+// short ones is still cut. The length mix decides, which shapes do not show the tuner.
+// plan, int32: E, C, K (extra segments, correction chunks, sequences split), where ext, chunks and splits start,
+// s[N], k0[N] (sequence n's segment p >= 1 is extra segment k0[n] + p - 1: its rows of B and A there), ext[2 e_max]
+// (extra segment k: its sequence, p), chunks[2 c_max] (correction chunk j: its extra segment, its index in it),
+// splits[e_max] (the sequences split). Segment p of s: blocks [p nb / s, (p + 1) nb / s) of the sequence's, the
+// first starting at bos, the last ending at eos. The bounds on E and C: prefill_walk.py's cp_bounds.
+#define PLAN_HEAD 6
+#define CP_SEG_BLOCKS 16  // the fewest blocks a segment takes (8: 4 x 256 tokens in 2 segments each, 43% slower; cp-plan-ab-H200.txt)
+#define CP_W 2           // warps a CP walk block (prefill_walk.py's CP_WALK reads it)
+#define CP_NVB (128 / (16 * CP_W))
+#define CP_RATE 2.0f     // walk block steps a busy SM completes in one lone block's step (1.3 under-split one long
+                         // sequence: 16 value heads x 16,384 tokens 39% slower; cp-plan-ab-H200.txt)
+#define FIX_BLOCKS 8     // 16-token blocks a correction block takes, all in flight at once
+// IDLE: the CP launches' grids are sized for the most work a batch of their shape can hold, so blocks past the
+// plan's work return at once; they still cost the blocks that work (the CP walk of 16 x 512 equal tokens at 4
+// value heads, no sequence split: 27.7 us without idle blocks, 37.9 us with 544 behind the working ones, 47.6
+// with them ahead; cp-plan-ab-H200.txt), hence bounds as tight as the plan's rule allows (cp_bounds).
+
+__device__ __forceinline__ long long blocks_of(long long bos, long long eos) {
+    return eos > bos ? (eos + 15) / 16 - bos / 16 : 0;
 }
 
-// Segment p of the sequence's segments_of (CP): a share of the sequence's 16-token blocks of the packed
-// batch, so segment edges are block edges and the first launch's per-block matrices hold for segments as
-// they are; the first starts at bos, the last ends at eos, one past the last is empty (seos == sbos).
-__device__ __forceinline__ void segment_of(long long bos, long long eos, int p, int P, long long& sbos,
+__device__ __forceinline__ void segment_of(long long bos, long long eos, int p, int s, long long& sbos,
                                            long long& seos) {
-    const int Pn = segments_of(bos, eos, P);
-    const long long fb = bos / 16, nbk = eos > bos ? (eos + 15) / 16 - fb : 0;
-    if (p >= Pn) {
-        sbos = seos = eos;
-        return;
-    }
-    const long long lo = 16 * (fb + p * nbk / Pn), hi = 16 * (fb + (p + 1) * nbk / Pn);
+    const long long fb = bos / 16, nbk = blocks_of(bos, eos);
+    const long long lo = 16 * (fb + p * nbk / s), hi = 16 * (fb + (p + 1) * nbk / s);
     sbos = lo > bos ? lo : bos;
     seos = hi < eos ? hi : eos;
     if (seos < sbos) seos = sbos;
 }
 
-template <int W, int NST, typename CU, bool SLOTS, bool CP>
+__device__ __forceinline__ int segment_chunks(long long nbk, int p, int s) {
+    return (int)(((p + 1) * nbk / s - p * nbk / s + FIX_BLOCKS - 1) / FIX_BLOCKS);
+}
+
+__device__ __forceinline__ long long warp_sum(long long x) {
+#pragma unroll
+    for (int d = 16; d; d >>= 1) x += __shfl_xor_sync(0xffffffffu, x, d);
+    return x;
+}
+
+__device__ __forceinline__ int warp_scan(int x, int lane) {  // inclusive
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, d);
+        if (lane >= d) x += y;
+    }
+    return x;
+}
+
+// One warp (a block of 32 threads: cu_valid's block-wide check). A malformed batch, or one past the bounds the
+// host sized the grids for (no valid one is: prefill_walk.py's cp_bounds), is walked unsplit, its checks in
+// segment 0 as ever.
+template <typename CU>
+__device__ void cp_plan(const CU* cu, int N, long long T, int hv, int P, int sms, int e_max, int c_max, int* plan) {
+    const int lane = threadIdx.x;
+    int *segs = plan + PLAN_HEAD, *k0 = segs + N, *ext = k0 + N, *chunk = ext + 2 * e_max, *splits = chunk + 2 * c_max;
+    const bool ok = cu_valid(cu, N, T, lane, 32);
+    long long work = 0;
+    for (int i = lane; i < N; i += 32) work += ok ? blocks_of(cu[i], cu[i + 1]) : 0;
+    const float busy = (float)warp_sum(work) * hv * CP_NVB / (CP_RATE * sms);
+    const long long seg = busy > CP_SEG_BLOCKS ? (long long)ceilf(busy) : CP_SEG_BLOCKS;
+    auto split = [&](int i, long long& nbk) {  // sequence i's segments
+        nbk = ok ? blocks_of(cu[i], cu[i + 1]) : 0;
+        const long long s = nbk / seg;
+        return s < 1 ? 1 : s < P ? (int)s : P;
+    };
+    long long e = 0, c = 0;
+    for (int i = lane; i < N; i += 32) {
+        long long nbk;
+        const int s = split(i, nbk);
+        e += s - 1;
+        for (int p = 1; p < s; ++p) c += segment_chunks(nbk, p, s);
+    }
+    const bool fits = warp_sum(e) <= e_max && warp_sum(c) <= c_max;
+    int e0 = 0, c0 = 0, n0 = 0;  // extra segments, chunks and split sequences before this round's
+    for (int base = 0; base < N; base += 32) {
+        const int i = base + lane;
+        long long nbk = 0;
+        const int s = i < N && fits ? split(i, nbk) : 1;
+        int cs = 0;
+        for (int p = 1; p < s; ++p) cs += segment_chunks(nbk, p, s);
+        const int ie = warp_scan(s - 1, lane), ic = warp_scan(cs, lane), in = warp_scan(s > 1, lane);
+        if (i < N) {
+            const int k = e0 + ie - (s - 1);
+            int j = c0 + ic - cs;
+            segs[i] = s;
+            k0[i] = k;
+            if (s > 1) splits[n0 + in - 1] = i;
+            for (int p = 1; p < s; ++p) {
+                ext[2 * (k + p - 1)] = i;
+                ext[2 * (k + p - 1) + 1] = p;
+                const int n = segment_chunks(nbk, p, s);
+                for (int x = 0; x < n; ++x, ++j) {
+                    chunk[2 * j] = k + p - 1;
+                    chunk[2 * j + 1] = x;
+                }
+            }
+        }
+        e0 += __shfl_sync(0xffffffffu, ie, 31);
+        c0 += __shfl_sync(0xffffffffu, ic, 31);
+        n0 += __shfl_sync(0xffffffffu, in, 31);
+    }
+    if (lane == 0) {
+        plan[0] = e0;
+        plan[1] = c0;
+        plan[2] = n0;
+        plan[3] = (int)(ext - plan);
+        plan[4] = (int)(chunk - plan);
+        plan[5] = (int)(splits - plan);
+    }
+}
+
+template <int W, int NST, typename CU, bool SLOTS, bool CP, bool KEYS>
 __device__ __forceinline__ void walk(const Args& A) {
     constexpr int ROWS = 16 * W;
     constexpr int NVB = 128 / ROWS;
@@ -198,17 +292,22 @@ __device__ __forceinline__ void walk(const Args& A) {
 
     const CU* cu = static_cast<const CU*>(A.cu);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int i_g = blockIdx.x % GROUPS;
-    const int i_h = (blockIdx.x / GROUPS) % A.hv;
-    const long long i_seg = blockIdx.x / GROUPS / A.hv;
-    const long long i_n = CP ? i_seg / A.P : i_seg;
-    const int p = CP ? (int)(i_seg % A.P) : 0;
-    // CP key rows: the rows of A, walked from the identity with no values; segment 0 needs none
-    const bool keys = CP && i_g >= NVB;
-    if (keys && p == 0) return;
-    // CP: a segment the sequence is too short for returns before the batch's check (cu[i_n], cu[i_n + 1]
-    // are in bounds whatever they hold; a bad batch zeroes its outputs in segment 0, which every one has)
-    if (CP && p >= segments_of(cu[i_n], cu[i_n + 1], A.P)) return;
+    // blocks: every sequence's value rows (CP: of its segment 0), then (CP) the plan's extra segments' value
+    // rows and key rows (the rows of A, walked from the identity with no values), bounded by the host (IDLE)
+    const unsigned first = (unsigned)A.N * A.hv * NVB;  // grids stay below 2^31 blocks
+    const bool extra = CP && blockIdx.x >= first;
+    const unsigned i_b = extra ? blockIdx.x - first : blockIdx.x;
+    const unsigned groups = extra ? GROUPS : NVB;
+    const int i_g = i_b % groups;
+    const int i_h = (i_b / groups) % A.hv;
+    const long long i_x = i_b / groups / A.hv;  // the sequence, or the extra segment
+    // an extra block past the plan's segments returns before the batch's check (a bad batch's plan has
+    // none; it zeroes its outputs in segment 0, which every sequence has)
+    if (extra && i_x >= A.plan[0]) return;
+    const int* ext = CP ? A.plan + A.plan[3] : nullptr;
+    const long long i_n = extra ? ext[2 * i_x] : i_x;
+    const int p = extra ? ext[2 * i_x + 1] : 0;
+    constexpr bool keys = KEYS;  // (walk_any: i_g >= NVB)
     const int i_hk = i_h / (A.hv / A.hqk);
     const int v0 = (keys ? i_g - NVB : i_g) * ROWS;
     const long long out_t = (long long)A.hv * 128;  // output token stride
@@ -228,13 +327,13 @@ __device__ __forceinline__ void walk(const Args& A) {
         return;
     }
 
-    if (CP) segment_of(cu[i_n], cu[i_n + 1], p, A.P, bos, eos);
+    if (CP) segment_of(cu[i_n], cu[i_n + 1], p, A.plan[PLAN_HEAD + i_n], bos, eos);
 
     const int vr = lane >> 2, t0 = (lane & 3) * 2;  // fragment row (V row) and first column (token / key)
     const int row = v0 + warp * 16 + vr;            // this lane's first state row (a key row for `keys`)
     float* srow = A.state + slot * A.s_slot + (long long)i_h * A.s_head + (long long)row * A.s_row;
-    // CP segments past the first: their rows of B (values) or A (keys), [N, P - 1, HV, 128, 128]
-    const long long cp_row = (((i_n * (A.P - 1) + p - 1) * A.hv + i_h) * 128 + row) * 128;
+    // CP segments past the first: their rows of B (values) or A (keys), [e_max, HV, 128, 128]
+    const long long cp_row = ((i_x * A.hv + i_h) * 128 + row) * 128;
     float S[16][4];  // S[v, 8 j + t0 + {0, 1}] rows vr and vr + 8
     const bool read = p == 0 && (SLOTS ? A.init[i_n] != 0 : A.has_state != 0);
 #pragma unroll
@@ -408,6 +507,19 @@ __device__ __forceinline__ void walk(const Args& A) {
     store_rows(p == 0 ? srow : A.bs + cp_row, p == 0 ? A.s_row : 128, t0, S);
 }
 
+// The CP walk's key-row blocks (an extra segment's groups NVB .. 2 NVB - 1) and its value-row blocks as two
+// instantiations, `keys` out of the block-step loop (the V rows' copies, X's values): 5-16% faster where
+// sequences are split (cp-plan-ab-H200.txt).
+template <int W, int NST, typename CU, bool SLOTS, bool CP>
+__device__ __forceinline__ void walk_any(const Args& A) {
+    constexpr unsigned NVB = 128 / (16 * W);
+    const unsigned first = (unsigned)A.N * A.hv * NVB;
+    if (CP && blockIdx.x >= first && (blockIdx.x - first) % (2 * NVB) >= NVB)
+        walk<W, NST, CU, SLOTS, CP, true>(A);
+    else
+        walk<W, NST, CU, SLOTS, CP, false>(A);
+}
+
 // ---- context parallel (CP): a sequence's segments walked at once, then put together ----
 // The walk is linear in the state it starts from and in the values: a segment's value rows walked from
 // zero give its outputs and final rows for a zero start (B), its key rows walked from the identity with
@@ -435,9 +547,11 @@ __device__ __forceinline__ void chain(const Args& A) {
     const CU* cu = static_cast<const CU*>(A.cu);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int i_vb = blockIdx.x % 8, i_h = (blockIdx.x / 8) % A.hv;
-    const long long i_n = blockIdx.x / 8 / A.hv;
-    const int Pn = segments_of(cu[i_n], cu[i_n + 1], A.P);
-    if (Pn < 2) return;  // one segment: the walk left the final state (before the check, as the walk's)
+    const long long i_s = blockIdx.x / 8 / A.hv;  // the plan's split sequences; the others' walk left their state
+    if (i_s >= A.plan[2]) return;  // before the check, as the walk's
+    const long long i_n = A.plan[A.plan[5] + i_s];
+    const int Pn = A.plan[PLAN_HEAD + i_n];
+    const long long k0 = A.plan[PLAN_HEAD + A.N + i_n];  // its segment 1's place among the extra segments
     const Checked seq = check_sequence<CU, SLOTS>(A, cu, i_n, tid, CHAIN_THREADS);
     if (!(seq.ok && seq.live)) return;  // the walk zeroed the outputs and left the state
     const int v0 = i_vb * 16, vr = lane >> 2, t0 = (lane & 3) * 2, c0 = warp * 32;
@@ -450,7 +564,7 @@ __device__ __forceinline__ void chain(const Args& A) {
         const float2 hi = *reinterpret_cast<const float2*>(srow + 8 * A.s_row + 8 * j + t0);
         S[j][0] = lo.x; S[j][1] = lo.y; S[j][2] = hi.x; S[j][3] = hi.y;
     }
-    auto base = [&](int p) { return (((i_n * (A.P - 1) + p - 1) * A.hv + i_h) * 128) * 128; };
+    auto base = [&](int p) { return (((k0 + p - 1) * A.hv + i_h) * 128) * 128; };
     // this thread's 16-byte chunks: A rows ar + 8 i at column ac; B row br at columns bc + 16 i ... (4 each)
     const int ar = tid >> 4, ac = (tid & 15) * 8, br = tid >> 3, bc = (tid & 7) * 4;
     auto load = [&](u32 s, int p) {
@@ -517,8 +631,6 @@ __device__ __forceinline__ void chain(const Args& A) {
     }
 }
 
-#define FIX_BLOCKS 8  // 16-token blocks a correction block takes, all in flight at once
-
 // Block: 16 W value rows of one (sequence, segment past the first, value head) and up to FIX_BLOCKS of the
 // segment's 16-token blocks; S_p packed once as the A operand, o~ as the B operand (as the walk's K rows),
 // out read through shared memory with o~, corrected, rewritten. A block's stage: o~ (16 rows of all 128
@@ -532,17 +644,20 @@ __device__ __forceinline__ void correct(const Args& A) {
     const u32 st0 = smem_addr(smem);
     const CU* cu = static_cast<const CU*>(A.cu);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    // the host sizes the grid for the longest segment the batch allows: chunks of FIX_BLOCKS blocks each
-    const long long chunks = gridDim.x / ((long long)A.N * (A.P - 1) * A.hv * NVB);
+    // the plan's chunks (FIX_BLOCKS blocks of one extra segment each), bounded by the host: a block past them
+    // returns before the batch's check, as the walk's
     const int i_vb = blockIdx.x % NVB, i_h = (blockIdx.x / NVB) % A.hv;
-    const long long rest = blockIdx.x / NVB / A.hv, i_c = rest % chunks, i_seg = rest / chunks;
-    const long long i_n = i_seg / (A.P - 1);
-    const int p = (int)(i_seg % (A.P - 1)) + 1;
+    const long long i_c = blockIdx.x / NVB / A.hv;
+    if (i_c >= A.plan[1]) return;
+    const int* chunk = A.plan + A.plan[4] + 2 * i_c;
+    const int* ext = A.plan + A.plan[3] + 2 * chunk[0];
+    const long long i_n = ext[0], k = chunk[0];
+    const int p = ext[1];
     long long bos, eos;
-    segment_of(cu[i_n], cu[i_n + 1], p, A.P, bos, eos);
-    const long long b0 = bos / 16 + i_c * FIX_BLOCKS, end = eos > bos ? (eos + 15) / 16 : 0;
+    segment_of(cu[i_n], cu[i_n + 1], p, A.plan[PLAN_HEAD + i_n], bos, eos);
+    const long long b0 = bos / 16 + (long long)chunk[1] * FIX_BLOCKS, end = eos > bos ? (eos + 15) / 16 : 0;
     const long long b1 = b0 + FIX_BLOCKS < end ? b0 + FIX_BLOCKS : end;
-    if (b0 >= b1) return;  // a chunk past the segment's blocks: before the check, as the walk's
+    if (b0 >= b1) return;  // (a plan's chunks all hold blocks)
     const Checked seq = check_sequence<CU, SLOTS>(A, cu, i_n, tid, THREADS);
     if (!(seq.ok && seq.live)) return;
     const int v0 = i_vb * ROWS, vr = lane >> 2, t0 = (lane & 3) * 2, row = v0 + warp * 16 + vr;
@@ -569,7 +684,7 @@ __device__ __forceinline__ void correct(const Args& A) {
     }
     u32 a[8][4];  // S_p, this lane's rows, as the A operand (loaded while the copies fly)
     {
-        const float* prow = A.bs + (((i_n * (A.P - 1) + p - 1) * A.hv + i_h) * 128 + row) * 128;
+        const float* prow = A.bs + ((k * A.hv + i_h) * 128 + row) * 128;
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk)
 #pragma unroll
@@ -651,7 +766,12 @@ template <bool CONTEST, typename CU>
 __device__ __forceinline__ void algebra(const bf16_t* q, const bf16_t* k, const void* g, const void* beta,
                                         const float* A_log, const float* dt_bias, const CU* cu, bf16_t* mats,
                                         float* fac, float scale, long long T, int N, int hv, int hqk, long long q_t,
-                                        long long q_h, long long k_t, long long k_h, long long g_t, long long b_t) {
+                                        long long q_h, long long k_t, long long k_h, long long g_t, long long b_t,
+                                        int* plan, int P, int sms, int e_max, int c_max) {
+    if (plan != nullptr && blockIdx.x == gridDim.x - 1) {  // CP: the grid's last column makes the plan
+        if (blockIdx.y == 0) cp_plan<CU>(cu, N, T, hv, P, sms, e_max, c_max, plan);
+        return;
+    }
     __shared__ __align__(128) bf16_t kq[2][16][ALG_ROW];  // K rows, Q rows
     __shared__ float am[2][16][17];                       // A (fp32) of a pair's two heads, read row by row
     const int lane = threadIdx.x;
@@ -825,43 +945,47 @@ __device__ __forceinline__ void algebra(const bf16_t* q, const bf16_t* k, const 
 }
 
 // gdn_prefill_algebra_<pool|contest>: q k g beta A_log dt_bias cu_seqlens mats fac, scale, T, N, HV, HQK, the
-// q / k token and head strides, g's and beta's token strides. pool: g, beta fp32 (activated), int32
-// cu_seqlens, A_log / dt_bias unused; contest: a, b bf16 as g, beta, A_log and dt_bias fp32 [HV], int64.
+// q / k token and head strides, g's and beta's token strides, then CP's plan P sms e_max c_max (null and zeros
+// otherwise; with a plan, the grid has one more column, which makes it: cp_plan). pool: g, beta fp32
+// (activated), int32 cu_seqlens, A_log / dt_bias unused; contest: a, b bf16 as g, beta, A_log and dt_bias fp32
+// [HV], int64.
 #define GDN_ALGEBRA_KERNEL(KIND, CONTEST, CU)                                                                      \
     extern "C" __global__ void __launch_bounds__(32) gdn_prefill_algebra_##KIND(                                    \
         const bf16_t* q, const bf16_t* k, const void* g, const void* beta, const float* A_log, const float* dt_bias, \
         const CU* cu, bf16_t* mats, float* fac, float scale, long long T, int N, int hv, int hqk, long long q_t,    \
-        long long q_h, long long k_t, long long k_h, long long g_t, long long b_t) {                               \
+        long long q_h, long long k_t, long long k_h, long long g_t, long long b_t, int* plan, int P, int sms,      \
+        int e_max, int c_max) {                                                                                     \
         algebra<CONTEST, CU>(q, k, g, beta, A_log, dt_bias, cu, mats, fac, scale, T, N, hv, hqk, q_t, q_h, k_t,      \
-                             k_h, g_t, b_t);                                                                       \
+                             k_h, g_t, b_t, plan, P, sms, e_max, c_max);                                           \
     }
 GDN_ALGEBRA_KERNEL(pool, false, int)
 GDN_ALGEBRA_KERNEL(contest, true, long long)
 
 // Kernels. Parameters, all of them: q k v mats fac state slots init cu_seqlens out, T, N, num_slots, HV,
 // HQK, has_state, the six q/k/v token and head strides, the state's slot, head and row strides
-// (elements), then P aux bs as (CP: segments a sequence at most, o~ [T, HV, 128] bf16, B and S_p
-// [N, P - 1, HV, 128, 128] fp32, A the same in bf16; 1 and null otherwise). pool: int32 cu_seqlens,
-// slots and has_initial_state; contest: int64 cu_seqlens, state n is sequence n's (has_state: read it).
+// (elements), then plan aux bs as (CP: the first launch's plan, o~ [T, HV, 128] bf16, B and S_p
+// [e_max, HV, 128, 128] fp32, A the same in bf16; null otherwise). pool: int32 cu_seqlens, slots and
+// has_initial_state; contest: int64 cu_seqlens, state n is sequence n's (has_state: read it).
 // gdn_prefill_walk_w<W>_s<NST>_<pool|contest>[_cp]: block 32 W threads, NST stages of dynamic shared
-// memory (stage_bytes<W>() each), grid N * HV * (128 / (16 W)), with _cp N * P * HV * 2 (128 / (16 W)).
+// memory (stage_bytes<W>() each), grid N * HV * (128 / (16 W)), with _cp (W = CP_W) e_max * HV * 2 (128 / (16 W))
+// blocks more (prefill_walk.py's cp_bounds).
 // gdn_prefill_cp_chain_<kind>: block CHAIN_THREADS threads, two stages of dynamic shared memory (chain's
-// STAGE) and the rows of S, grid N * HV * 8.
+// STAGE) and the rows of S, grid e_max * HV * 8.
 // gdn_prefill_cp_correct_<kind>: block 128 threads, FIX_BLOCKS stages of dynamic shared memory (correct's STAGE),
-// grid N * (P - 1) * HV * chunks * 2 (prefill_walk.py's correct_chunks).
+// grid c_max * HV * 2.
 #define GDN_KERNEL_PARAMS(CU)                                                                         \
     const bf16_t *q, const bf16_t *k, const bf16_t *v, const bf16_t *mats, const float *fac,         \
         float *state, const int *slots, const unsigned char *init, const CU *cu, bf16_t *out,        \
         long long T, int N, int num_slots, int hv, int hqk, int has_state, long long q_t,            \
         long long q_h, long long k_t, long long k_h, long long v_t, long long v_h, long long s_slot, \
-        long long s_head, long long s_row, int P, bf16_t *aux, float *bs, bf16_t *as
+        long long s_head, long long s_row, const int *plan, bf16_t *aux, float *bs, bf16_t *as
 #define GDN_KERNEL_ARGS                                                                              \
     Args { q, k, v, mats, fac, state, slots, init, cu, out, T, N, num_slots, hv, hqk, has_state,     \
-           q_t, q_h, k_t, k_h, v_t, v_h, s_slot, s_head, s_row, P, aux, bs, as }
+           q_t, q_h, k_t, k_h, v_t, v_h, s_slot, s_head, s_row, plan, aux, bs, as }
 #define GDN_WALK_KERNEL(W, NST, KIND, CU, SLOTS, CP, SUFFIX)                                             \
     extern "C" __global__ void __launch_bounds__(32 * W)                                                 \
         gdn_prefill_walk_w##W##_s##NST##_##KIND##SUFFIX(GDN_KERNEL_PARAMS(CU)) {                         \
-        walk<W, NST, CU, SLOTS, CP>(GDN_KERNEL_ARGS);                                                    \
+        walk_any<W, NST, CU, SLOTS, CP>(GDN_KERNEL_ARGS);                                                \
     }
 #define GDN_WALK_KERNELS(W, NST)                                \
     GDN_WALK_KERNEL(W, NST, pool, int, true, false, )           \

@@ -13,12 +13,19 @@ launches, no host sync (CUDA-graph safe); device-side checks as the .cu says.
 
 Context parallel (`cuda_prefill_cp.p<P>`, the .cu's CP section): the walk runs a (sequence, head) pair's
 blocks in order, so a few long sequences leave most SMs idle (~0.8 us a block at 1 x 2,048 tokens, any
-head count). CP splits every sequence into P segments on block edges (fewer where a segment would get
-fewer than CP_SEG_BLOCKS blocks: a short sequence beside a long one is walked whole), walks them all at
-once (each segment's value rows from zero, plus 128 key rows from the identity with no values, which give
-the segment's transition A and the output correction o~), then chains S_{p+1} = S_p A_p + B_p per
-sequence and adds S_p o~ to each later segment's outputs: four launches, scratch of 96 KiB a (sequence,
-value head, segment past the first), twice the walk's work on the segments past the first. On the H200
+head count). CP cuts a sequence into up to P segments on block edges, walks them all at once (each
+segment's value rows from zero, plus 128 key rows from the identity with no values, which give the
+segment's transition A and the output correction o~), then chains S_{p+1} = S_p A_p + B_p per sequence
+and adds S_p o~ to each later segment's outputs: four launches, scratch of 96 KiB a (value head, segment
+past the first), twice the walk's work on the segments past the first. How many segments each sequence
+gets the first launch decides on the device from the batch's lengths (the .cu's cp_plan): none past the
+first where the batch's unsplit walk already keeps the SMs busy as long as the sequence takes (equal
+sequences filling the GPU), so one long sequence among short ones is cut and the short ones not, and
+the later launches' grids hold only what the plan can give a batch of their shape (cp_bounds): against
+the tree before, the best configuration's time -4 to -52% on equal sequences (most -40 to -52%), -4 to
+-9% on skewed batches, -8 to -14% on random cuts, -1 to -4% on one long sequence and +0 to +3% on one of
+1,024 tokens; still 1.2-1.5x the staged walk on equal sequences (benchmarks/results/cp-plan-ab-H200.txt,
+4, 8 and 16 value heads). On the H200
 (benchmarks/results/prefill-cp-H200.json, before segments were fitted to each sequence) the walk's time
 over CP's best on one sequence of 2k-32k tokens: 2.0-4.7x at 4 value heads, 1.7-2.8x at 8, 1.2-1.5x at
 16; slower at 32 (the doubled work fills the GPU already) and on short sequences. Against FlashInfer's
@@ -49,24 +56,33 @@ from kdispatch.kernels.triton.gdn.prefill_staged import DIM
 from kdispatch.registry import variant
 
 CU = Path(__file__).with_name("prefill_walk.cu")
-# pointers, T N num_slots HV HQK has_state, strides, then the CP parameters P aux bs as (see the .cu)
-SIGNATURE = "p" * 10 + "liiiii" + "l" * 9 + "ippp"
+# pointers, T N num_slots HV HQK has_state, strides, then the CP parameters plan aux bs as (see the .cu)
+SIGNATURE = "p" * 10 + "liiiii" + "l" * 9 + "pppp"
 # (warps a block, pipeline stages) compiled in the .cu: 16 V rows a warp, blocks in flight. On the H200
 # grid (benchmarks/results/gdn-fused-grid-H200.txt) 32 rows won up to ~32 (sequence, head) pairs, 64
 # above; 16 and 128 rows never, 64 rows at 2 stages within 1% of 4 stages everywhere (all measured there)
 KERNELS = ((2, 4), (4, 4))
 LAUNCH_CONFIGS = {f"r{16 * w}s{n}": dict(cfg=(w, n)) for w, n in KERNELS}
 
-# Context parallel (`cuda_prefill_cp.p<P>`): each sequence's blocks in P segments walked at once, then a
-# chain over the segments and a correction of their outputs (the .cu's CP section); for few (sequence,
-# head) pairs, where the walk leaves most of the GPU idle. The walk under CP at 2 warps a block (the most
+# Context parallel (`cuda_prefill_cp.p<P>`): each sequence's blocks in up to P segments walked at once, then
+# a chain over the segments and a correction of their outputs (the .cu's CP section); for few (sequence,
+# head) pairs, where the walk leaves most of the GPU idle. The walk under CP at CP_W warps a block (the most
 # blocks); the chain and the correction at the .cu's fixed shapes.
 CP_SEGMENTS = (4, 8, 16)  # 32 never won on the H200 up to 32k tokens
 CP_CONFIGS = {f"p{n}": dict(segments=n) for n in CP_SEGMENTS}
-# the fewest 16-token blocks a segment takes (the .cu's CP_SEG_BLOCKS, which says why)
-CP_SEG_BLOCKS = int(re.search(r"^#define CP_SEG_BLOCKS (\d+)", CU.read_text(), re.M).group(1))
-CP_WALK = (2, 4)
-CHAIN_WARPS, CORRECT_WARPS, CORRECT_BLOCKS = 4, 4, 8
+
+
+def _cu_define(name: str) -> int:
+    return int(re.search(rf"^#define {name} (\d+)", CU.read_text(), re.M).group(1))
+
+
+# the .cu's plan constants (it says why): the fewest 16-token blocks a segment takes, the blocks of a correction
+# chunk, the CP walk's warps (4 stages), the plan's header, the SMs' walk rate
+CP_SEG_BLOCKS, CORRECT_BLOCKS = _cu_define("CP_SEG_BLOCKS"), _cu_define("FIX_BLOCKS")
+CP_WALK = (_cu_define("CP_W"), 4)
+PLAN_HEAD = _cu_define("PLAN_HEAD")
+CP_RATE = float(re.search(r"^#define CP_RATE ([\d.]+)f", CU.read_text(), re.M).group(1))
+CHAIN_WARPS, CORRECT_WARPS = 4, 4
 CHAIN_BYTES = 2 * (128 * 136 * 2 + 16 * 136 * 4) + 16 * 136 * 2  # the .cu's chain: two stages, S rows
 CORRECT_BYTES = CORRECT_BLOCKS * (16 * 136 * 2 + 16 * (16 * CORRECT_WARPS + 8) * 2)  # correct: a stage a block
 # Where CP is offered to the tuner (`supports`): few (sequence, value head) pairs, long batches. On the H200
@@ -80,8 +96,9 @@ CP_MAX_PAIRS, CP_MAX_HEADS, CP_MIN_TOKENS = 64, 16, 1024
 
 _kernels: dict[tuple, nvrtc.Kernel] = {}
 # the first launch's: q k g beta A_log dt_bias cu_seqlens mats fac, scale, T, N HV HQK, the q / k token and head
-# strides, the gates' token strides; value heads a q/k head it takes at most (the .cu's ALG_HEADS)
-ALGEBRA_SIGNATURE = "p" * 9 + "f" + "l" + "iii" + "l" * 6
+# strides, the gates' token strides, CP's plan P sms e_max c_max; value heads a q/k head it takes at most (the
+# .cu's ALG_HEADS)
+ALGEBRA_SIGNATURE = "p" * 9 + "f" + "l" + "iii" + "l" * 6 + "p" + "iiii"
 ALGEBRA_HEADS = 4
 
 
@@ -112,11 +129,12 @@ def cp_kernel(part: str, pooled: bool) -> nvrtc.Kernel:
     return kern
 
 
-def algebra(q, k, gates, cu_seqlens, HV: int, scale: float, *, contest: bool):
+def algebra(q, k, gates, cu_seqlens, HV: int, scale: float, *, contest: bool, plan=None):
     """The first launch in CUDA, the .cu's gdn_prefill_algebra_<pool|contest>: (matrices, factors) of every
     16-token block and value head. `gates`: (g, beta, None, None) activated, fp32, q/k normalised in the
     launch (the engines'); or the contest's (a, b, A_log, dt_bias), bf16 a and b, fp32 A_log and dt_bias [HV]
-    (the dispatcher checks dtypes against the definition)."""
+    (the dispatcher checks dtypes against the definition). `plan`: CP's (plan tensor, P, e_max, c_max), made
+    by one more column of the grid (the .cu's cp_plan)."""
     T, HQK = q.shape[0], q.shape[1]
     N = cu_seqlens.shape[0] - 1
     if HV % HQK or HV // HQK > ALGEBRA_HEADS:
@@ -128,25 +146,42 @@ def algebra(q, k, gates, cu_seqlens, HV: int, scale: float, *, contest: bool):
     blocks = -(-T // 16)
     mats = torch.empty(max(blocks, 1) * HV * 512, device=q.device, dtype=torch.bfloat16)
     factors = torch.empty(max(blocks, 1) * HV * 64, dtype=torch.float32, device=q.device)
-    if blocks:
+    if blocks or plan is not None:
         kind = "contest" if contest else "pool"
         kern = _kernels.get(("algebra", kind))
         if kern is None:
             kern = _kernels[("algebra", kind)] = nvrtc.load_kernel(CU, f"gdn_prefill_algebra_{kind}",
                                                                    signature=ALGEBRA_SIGNATURE)
-        kern.launch((blocks, HQK), 32, q, k, g, beta, A_log, dt_bias, cu_seqlens, mats, factors, float(scale), T, N,
-                    HV, HQK, q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), beta.stride(0),
-                    stream=nvrtc.current_stream(q.get_device()))
+        cp = (None, 0, 0, 0, 0) if plan is None else (plan[0], plan[1], _sms(q.device), plan[2], plan[3])
+        kern.launch((blocks + (plan is not None), HQK), 32, q, k, g, beta, A_log, dt_bias, cu_seqlens, mats, factors,
+                    float(scale), T, N, HV, HQK, q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0),
+                    beta.stride(0), *cp, stream=nvrtc.current_stream(q.get_device()))
     return mats, factors
 
 
-def correct_chunks(T: int, segments: int) -> int:
-    """Correction blocks a (sequence, segment, head, rows), CORRECT_BLOCKS 16-token blocks each: enough
-    for the longest segment T tokens allow. A sequence spans at most ceil(T / 16) + 1 blocks; one split
-    into fewer than `segments` (Pn = its blocks // CP_SEG_BLOCKS >= 2) has segments of at most
-    CP_SEG_BLOCKS + ceil((CP_SEG_BLOCKS - 1) / Pn) <= CP_SEG_BLOCKS * 3 // 2 blocks."""
-    most = max(((T + 15) // 16 + 1 + segments - 1) // segments, CP_SEG_BLOCKS * 3 // 2)
-    return (most + CORRECT_BLOCKS - 1) // CORRECT_BLOCKS
+def cp_bounds(T: int, N: int, segments: int, HV: int, sms: int) -> tuple[int, int]:
+    """(e_max, c_max): the most extra segments (past each sequence's first) and correction chunks the .cu's
+    cp_plan can give a valid batch of T tokens in N sequences at `segments` a sequence at most, on `sms` SMs;
+    the CP grids are sized for them. A sequence of L tokens spans at most (L + 30) // 16 blocks, cut into at
+    most blocks // seg segments (s segments add s - 1 <= s (P - 1) / P), seg >= CP_SEG_BLOCKS and >= the
+    batch's blocks' steps over the SMs' rate (CP_RATE), so all splits together add at most CP_RATE sms /
+    (HV CP_NVB) (P - 1) / P segments (one more for float rounding); a segment's chunks are its blocks over
+    CORRECT_BLOCKS, rounded up. Tight: the blocks past the plan's work slow the rest (the .cu's IDLE)."""
+    blocks = (T + 30 * N) // 16
+    by_rate = int(CP_RATE * sms / (HV * (DIM // (16 * CP_WALK[0]))) * (segments - 1) / segments) + 1
+    e_max = min(N * (segments - 1), blocks // CP_SEG_BLOCKS * (segments - 1) // segments, by_rate)
+    return e_max, blocks // CORRECT_BLOCKS + e_max
+
+
+_SMS: dict[int, int] = {}
+
+
+def _sms(device: torch.device) -> int:
+    """The device's SM count (cp_plan's throughput), read once a device."""
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _SMS:
+        _SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return _SMS[i]
 
 
 def _load(name: str, shmem: int) -> nvrtc.Kernel:
@@ -179,7 +214,14 @@ def _walk(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, contest
         raise ValueError("cuda_prefill_staged: the state needs 8-byte aligned slots, heads and rows")
     if out.stride() != (out.shape[1] * DIM, DIM, 1) or out.data_ptr() % 16:
         raise ValueError("cuda_prefill_staged: out must be contiguous and 16-byte aligned")
-    mats, factors = algebra(q, k, gates, cu_seqlens, HV, scale, contest=contest)
+    if segments and segments < 2:
+        raise ValueError(f"cuda_prefill_cp: at least 2 segments a sequence, got {segments}")
+    plan = None
+    if segments:
+        e_max, c_max = cp_bounds(T, N, segments, HV, _sms(q.device))
+        plan = (torch.empty(PLAN_HEAD + 2 * N + 3 * e_max + 2 * c_max, dtype=torch.int32, device=q.device),
+                segments, e_max, c_max)
+    mats, factors = algebra(q, k, gates, cu_seqlens, HV, scale, contest=contest, plan=plan)
     pooled = slots is not None
     stream = nvrtc.current_stream(q.get_device())
     common = (q, k, v, mats, factors, state, slots, init, cu_seqlens, out, T, N, state.shape[0], HV, HQK,
@@ -187,21 +229,21 @@ def _walk(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, contest
               ss[0], ss[1], ss[2])
     if not segments:
         warps, stages = cfg or config(N, HV)
-        kernel(warps, stages, pooled).launch(N * HV * (DIM // (16 * warps)), 32 * warps, *common, 1, None, None,
+        kernel(warps, stages, pooled).launch(N * HV * (DIM // (16 * warps)), 32 * warps, *common, None, None, None,
                                              None, shmem=stages * stage_bytes(warps), stream=stream)
         return
-    if segments < 2:
-        raise ValueError(f"cuda_prefill_cp: at least 2 segments a sequence, got {segments}")
     warps, stages = CP_WALK
-    cp = (*common, segments, torch.empty_like(out),  # o~: the key rows' outputs
-          torch.empty(N, segments - 1, HV, DIM, DIM, dtype=torch.float32, device=q.device),  # B, then S_p
-          torch.empty(N, segments - 1, HV, DIM, DIM, dtype=torch.bfloat16, device=q.device))  # A
-    kernel(warps, stages, pooled, cp=True).launch(N * segments * HV * 2 * (DIM // (16 * warps)), 32 * warps, *cp,
+    nvb = DIM // (16 * warps)
+    cp = (*common, plan[0], torch.empty_like(out),  # o~: the key rows' outputs
+          torch.empty(e_max, HV, DIM, DIM, dtype=torch.float32, device=q.device),  # B, then S_p
+          torch.empty(e_max, HV, DIM, DIM, dtype=torch.bfloat16, device=q.device))  # A
+    kernel(warps, stages, pooled, cp=True).launch((N + 2 * e_max) * HV * nvb, 32 * warps, *cp,
                                                   shmem=stages * stage_bytes(warps), stream=stream)
-    cp_kernel("chain", pooled).launch(N * HV * (DIM // 16), 32 * CHAIN_WARPS, *cp, shmem=CHAIN_BYTES, stream=stream)
-    chunks = correct_chunks(T, segments)
-    cp_kernel("correct", pooled).launch(N * (segments - 1) * HV * chunks * (DIM // (16 * CORRECT_WARPS)),
-                                        32 * CORRECT_WARPS, *cp, shmem=CORRECT_BYTES, stream=stream)
+    if e_max:  # else no sequence is split: nothing to chain or correct
+        cp_kernel("chain", pooled).launch(e_max * HV * (DIM // 16), 32 * CHAIN_WARPS, *cp, shmem=CHAIN_BYTES,
+                                          stream=stream)
+        cp_kernel("correct", pooled).launch(c_max * HV * (DIM // (16 * CORRECT_WARPS)), 32 * CORRECT_WARPS, *cp,
+                                            shmem=CORRECT_BYTES, stream=stream)
 
 
 def gdn_prefill_pool_walk(q, k, v, g, beta, state_pool, state_indices, has_initial_state, cu_seqlens, out,
