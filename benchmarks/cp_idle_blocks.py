@@ -1,4 +1,4 @@
-"""What the CP prefill's idle blocks cost (kernels/cuda/gdn/prefill_walk.cu's IDLE): on equal-length batches
+"""What the CP prefill's idle blocks cost (kernels/cuda/gdn/prefill_cp.cu's IDLE): on equal-length batches
 that the plan leaves unsplit, each CP kernel's device time per call with the grids cp_bounds sizes, with
 no room for extra segments (e_max forced to 0: the walk's grid holds the working blocks alone), and with
 EXTRA more idle blocks; the staged walk beside it (benchmarks/results/cp-plan-ab-H200.txt).
@@ -19,7 +19,7 @@ import torch  # noqa: E402
 from hosttime import kernel_times  # noqa: E402
 from kdispatch import definitions, registry  # noqa: E402
 from kdispatch.definitions.gdn.spec import prefill_mix  # noqa: E402
-from kdispatch.kernels.cuda.gdn import prefill_walk as pw  # noqa: E402
+from kdispatch.kernels.cuda.gdn import prefill_cp as pc  # noqa: E402
 from kdispatch.workloads import SimpleWorkload, materialize  # noqa: E402
 
 
@@ -32,7 +32,7 @@ def main() -> None:
     registry.discover()
     d = definitions.resolve_name(opts.definition)
     cp, staged = registry.get(d, "cuda_prefill_cp.p4"), registry.get(d, "cuda_prefill_staged.r32s4")
-    bound = pw.cp_bounds
+    bound = pc.cp_bounds
     arms = {"bounds": bound, "no extra": lambda *a: (0, 0),
             f"+{opts.extra} extra": lambda *a: (bound(*a)[0] + opts.extra, bound(*a)[1])}
     print(f"# {torch.cuda.get_device_name()}: device us per call of each kernel ({d})")
@@ -47,11 +47,11 @@ def main() -> None:
         fresh = lambda: [a.clone() if torch.is_tensor(a) else a for a in args]  # noqa: E731
         walk = kernel_times(staged.fn, fresh())
         for label, sizing in arms.items():
-            pw.cp_bounds = sizing
+            pc.cp_bounds = sizing
             try:
                 parts = kernel_times(cp.fn, fresh())
             finally:
-                pw.cp_bounds = bound
+                pc.cp_bounds = bound
             print(f"{shape:>9} equal {label:>12}: " + ", ".join(f"{k.split('(')[0]} {v:.1f}" for k, v in parts.items())
                   + "   staged: " + ", ".join(f"{k.split('(')[0]} {v:.1f}" for k, v in walk.items()))
 

@@ -1,4 +1,4 @@
-"""The context-parallel prefill (`cuda_prefill_cp.p<P>`, kernels/cuda/gdn/prefill_walk.py) beside the
+"""The context-parallel prefill (`cuda_prefill_cp.p<P>`, kernels/cuda/gdn/prefill_cp.py) beside the
 staged walk it splits (`cuda_prefill_staged`) and any other variants named, on the GPU machine: per
 shape, each variant's error against the definition's reference (output and final states, max |diff| over
 max |reference|, on fresh inputs) and its graph time (inputs rotated past the L2, the tuner's

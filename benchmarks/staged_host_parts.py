@@ -51,7 +51,7 @@ def parts(args: tuple) -> dict:
     def first_launch():
         first.launch((-(-q.shape[0] // 16), q.shape[1]), 32, q, k, g, beta, None, None, cu, mats, factors, float(scale),
                      q.shape[0], n, hv, q.shape[1], q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0),
-                     beta.stride(0), None, 0, 0, 0, 0, stream=pw.nvrtc.current_stream(q.get_device()))
+                     beta.stride(0), stream=pw.nvrtc.current_stream(q.get_device()))
 
     def buffers():
         torch.empty(mats.numel(), device=q.device, dtype=mats.dtype)

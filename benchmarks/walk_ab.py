@@ -100,7 +100,7 @@ def main() -> None:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     for definition, axes in opts.shape:
         pooled = definition != CONTEST
-        key = (warps, stages, pooled, False)  # prefill_walk._kernels: the walk without CP
+        key = (warps, stages, pooled)  # prefill_walk._kernels: the staged walk's
         builds = {"tree": prefill_walk.kernel(warps, stages, pooled)} | {
             label: build(source, warps, stages, pooled, opts.carveout) for label, source in others.items()}
         for label, kern in builds.items():

@@ -4,9 +4,11 @@ disk cache returns the same cubin without recompiling; options map onto cuda.cor
 module and the CUDA variants touches no CUDA package.
 
 Skipped where cuda-python (cuda.core, cuda.bindings) or the NVRTC library is not installed.
-A source may opt out of the spill check with the comment `// kdispatch: allow-spills`.
+A source may opt out of the spill check with the comment `// kdispatch: allow-spills`; one that is
+another's continuation (`// kdispatch: continues <file>`) is compiled after that file's text.
 """
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +40,8 @@ def test_there_are_cuda_sources():
 @pytest.mark.parametrize("path", CU_FILES, ids=[str(p.relative_to(ROOT)) for p in CU_FILES])
 def test_compiles_for_sm90a(path, cache):
     src = path.read_text()
+    if m := re.search(r"^// kdispatch: continues (\S+)", src, re.M):  # compiled after another file's text
+        src = (path.parent / m.group(1)).read_text() + "\n" + src
     c = nvrtc.compile(src, arch=ARCH, name=path.name)
     assert isinstance(c.cubin, bytes) and len(c.cubin) > 1000
     assert c.cubin[:4] == b"\x7fELF"
@@ -139,6 +143,20 @@ def test_gdn_kernels_are_the_expected_ones(cache):
             assert W.config(n, hv) in W.KERNELS
     with pytest.raises(ValueError, match="no walk kernel"):
         W.kernel(8, 4, True)
+    # context parallel: prefill_walk.cu's text and prefill_cp.cu's as one program, every kernel its host
+    # code loads there, none spilling
+    from kdispatch.kernels.cuda.gdn import prefill_cp as CP
+
+    cp = nvrtc.compile(CP.source(), arch=ARCH)
+    cinfo = nvrtc.ptxas_info(cp.log)
+    warps, stages = CP.CP_WALK
+    assert stages * W.stage_bytes(warps) <= 227 * 1024
+    for kind in ("pool", "contest"):
+        for name in (f"gdn_prefill_walk_w{warps}_s{stages}_{kind}_cp", f"gdn_prefill_cp_chain_{kind}",
+                     f"gdn_prefill_cp_correct_{kind}", f"gdn_prefill_algebra_cp_{kind}"):
+            assert name.encode() + b"\x00" in cp.cubin, name
+            if cinfo:
+                assert cinfo[name]["spill_stores"] == 0, cinfo[name]
 
 
 @needs_nvrtc

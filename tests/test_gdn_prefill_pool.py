@@ -83,7 +83,7 @@ def test_the_op_picks_the_head_count_and_takes_a_strided_pool():
 
 
 def test_segments_walked_apart_then_chained_give_the_whole_walk():
-    """The identity the context-parallel prefill (cuda_prefill_cp, kernels/cuda/gdn/prefill_walk.cu) rests
+    """The identity the context-parallel prefill (cuda_prefill_cp, kernels/cuda/gdn/prefill_cp.cu) rests
     on, checked on the reference: a sequence cut in two, its second part walked from a zero state (final
     state B, outputs o) and, with no values, from the identity (final state A, outputs o~), gives the whole
     walk's final state S1 A + B and outputs o + o~ S1^T, S1 the state after the first part."""
@@ -114,20 +114,20 @@ def test_context_parallel_is_offered_only_to_few_long_sequences():
     value head) pairs from CP_MIN_TOKENS tokens; not registered where one sequence has more than
     CP_MAX_HEADS heads."""
     from kdispatch import registry
-    from kdispatch.kernels.cuda.gdn import prefill_walk as pw
+    from kdispatch.kernels.cuda.gdn import prefill_cp as pc
 
     registry.discover()
     for hq, hv in ((2, 4), (4, 8), (8, 16), (16, 32)):
         name = f"gdn_prefill_pool_qk{hq}_v{hv}"
-        if hv > pw.CP_MAX_HEADS:
+        if hv > pc.CP_MAX_HEADS:
             with pytest.raises(KeyError):
-                registry.get(name, "cuda_prefill_cp.p8")
+                registry.get(name, "cuda_prefill_cp.p4")
             continue
-        v = registry.get(name, "cuda_prefill_cp.p8")
-        most = pw.CP_MAX_PAIRS // hv
-        assert v.declines({"num_seqs": most, "total_seq_len": pw.CP_MIN_TOKENS}) is None
-        assert "pairs" in v.declines({"num_seqs": most + 1, "total_seq_len": 10 * pw.CP_MIN_TOKENS})
-        assert "tokens" in v.declines({"num_seqs": 1, "total_seq_len": pw.CP_MIN_TOKENS - 1})
+        v = registry.get(name, "cuda_prefill_cp.p4")
+        most = pc.CP_MAX_PAIRS // hv
+        assert v.declines({"num_seqs": most, "total_seq_len": pc.CP_MIN_TOKENS}) is None
+        assert "pairs" in v.declines({"num_seqs": most + 1, "total_seq_len": 10 * pc.CP_MIN_TOKENS})
+        assert "tokens" in v.declines({"num_seqs": 1, "total_seq_len": pc.CP_MIN_TOKENS - 1})
 
 
 def cp_split(lengths, HV: int, P: int, sms: int) -> list[int]:
@@ -135,13 +135,13 @@ def cp_split(lengths, HV: int, P: int, sms: int) -> list[int]:
     least one, at most P; seg the larger of CP_SEG_BLOCKS and the batch's blocks' steps over the SMs' rate."""
     import numpy as np
 
-    from kdispatch.kernels.cuda.gdn import prefill_walk as pw
+    from kdispatch.kernels.cuda.gdn import prefill_cp as pc
 
     edges = np.cumsum([0] + list(lengths))
     blocks = [(-(-int(e) // 16) - int(b) // 16) if e > b else 0 for b, e in zip(edges[:-1], edges[1:])]
-    nvb = 128 // (16 * pw.CP_WALK[0])
-    busy = np.float32(sum(blocks)) * np.float32(HV) * np.float32(nvb) / (np.float32(pw.CP_RATE) * np.float32(sms))
-    seg = int(np.ceil(busy)) if busy > pw.CP_SEG_BLOCKS else pw.CP_SEG_BLOCKS
+    nvb = 128 // (16 * pc.CP_WALK[0])
+    busy = np.float32(sum(blocks)) * np.float32(HV) * np.float32(nvb) / (np.float32(pc.CP_RATE) * np.float32(sms))
+    seg = int(np.ceil(busy)) if busy > pc.CP_SEG_BLOCKS else pc.CP_SEG_BLOCKS
     return [min(P, max(1, nb // seg)) for nb in blocks], blocks
 
 
@@ -151,7 +151,7 @@ def test_cp_plan_fits_the_grids_sized_for_it():
     (safe, slow). Random batches, long-among-short and equal ones, every configuration, several SM counts."""
     import random
 
-    from kdispatch.kernels.cuda.gdn import prefill_walk as pw
+    from kdispatch.kernels.cuda.gdn import prefill_cp as pc
 
     rng = random.Random(5)
     for _ in range(3000):
@@ -168,10 +168,10 @@ def test_cp_plan_fits_the_grids_sized_for_it():
         else:
             cuts = sorted(rng.randint(0, T) for _ in range(N - 1))
             lengths = [b - a for a, b in zip([0] + cuts, cuts + [T])]
-        P, HV, sms = rng.choice(pw.CP_SEGMENTS), rng.choice((1, 4, 8, 16)), rng.choice((16, 78, 132))
-        e_max, c_max = pw.cp_bounds(T, N, P, HV, sms)
+        P, HV, sms = rng.choice(pc.CP_SEGMENTS), rng.choice((1, 4, 8, 16)), rng.choice((16, 78, 132))
+        e_max, c_max = pc.cp_bounds(T, N, P, HV, sms)
         segs, blocks = cp_split(lengths, HV, P, sms)
-        chunks = sum(-(-((p + 1) * nb // s - p * nb // s) // pw.CORRECT_BLOCKS)
+        chunks = sum(-(-((p + 1) * nb // s - p * nb // s) // pc.CORRECT_BLOCKS)
                      for nb, s in zip(blocks, segs) for p in range(1, s))
         assert sum(s - 1 for s in segs) <= e_max and chunks <= c_max, (T, N, P, HV, sms, mix, lengths)
 

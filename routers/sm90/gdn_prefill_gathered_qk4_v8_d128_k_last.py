@@ -11,7 +11,6 @@
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   vllm_flashinfer_prefill         cafcd75cbe1a2e72  156/156  1.00x
-#   cuda_prefill_cp.p16             ecb8836f4efaed45  34/35  1.04x  [1 screened out]
 #   cuda_prefill_cp.p4              4faa47a619017c1c  34/35  1.15x  [1 screened out]
 #   cuda_prefill_cp.p8              ee916646fd1ae292  34/35  1.16x  [1 screened out]
 #   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  93/149  1.15x  [56 screened out]
@@ -29,7 +28,6 @@
 #   triton_prefill_staged.c16v64    71c60215ec2efc08  151/156  1.20x  [5 screened out]
 #   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  154/156  1.55x  [2 screened out]
 # configs     launch configurations the tuner measured as variants of their own
-#   cuda_prefill_cp.p16             segments=16
 #   cuda_prefill_cp.p4              segments=4
 #   cuda_prefill_cp.p8              segments=8
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
@@ -57,7 +55,7 @@
 #   1. total_seq_len <= 22 and num_seqs <= 8 and mean_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.73x (7.31x .. 9.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 22 and num_seqs <= 8 and 3 < mean_seq_len <= 540: cuda_prefill_pool_rows.k16c8, 6 workloads, 7.63x (6.16x .. 8.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   3. total_seq_len <= 5258 and num_seqs <= 8 and 540 < mean_seq_len <= 3547: cuda_prefill_cp.p4, 7 workloads, 1.22x (1.07x .. 1.42x) over vllm_flashinfer_prefill
-#   4. num_seqs <= 8 and mean_seq_len > 3547: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   4. num_seqs <= 8 and mean_seq_len > 3547: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 #   5. 8 < num_seqs <= 16 and mean_seq_len <= 30: cuda_prefill_staged.r32s4, 10 workloads, 1.15x (1.06x .. 1.26x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   6. num_seqs > 8 and 30 < mean_seq_len <= 45: cuda_prefill_staged.r64s4, 12 workloads, 1.15x (1.03x .. 1.23x) over vllm_flashinfer_prefill
 #   7. num_seqs > 8 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
@@ -69,21 +67,21 @@
 #   1. total_seq_len <= 78 and mean_seq_len <= 18: cuda_prefill_pool_rows.k8c8, 25 workloads, 7.17x (2.99x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
 #   2. total_seq_len <= 78 and 18 < mean_seq_len <= 460: cuda_prefill_staged.r64s4, 2 workloads, 8.86x (7.36x .. 10.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
 #   3. total_seq_len <= 5725 and 460 < mean_seq_len <= 723: cuda_prefill_staged.r32s4, 9 workloads, 5.52x (2.77x .. 8.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 6845 and 723 < mean_seq_len <= 1362: cuda_prefill_cp.p8, 3 workloads, 3.72x (3.23x .. 4.13x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_staged.r64s4, flashinfer_direct
+#   4. total_seq_len <= 6845 and 723 < mean_seq_len <= 1362: cuda_prefill_cp.p8, 3 workloads, 3.72x (3.23x .. 4.13x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct
 #   5. total_seq_len <= 12872 and mean_seq_len > 6445: cuda_prefill_cp.p8, 2 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill
-#   6. 1362 < mean_seq_len <= 3551: cuda_prefill_cp.p8, 6 workloads, 3.57x (2.04x .. 5.98x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   6. 1362 < mean_seq_len <= 3551: cuda_prefill_cp.p8, 6 workloads, 3.57x (2.04x .. 5.98x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
 #   7. 3551 < mean_seq_len <= 6445: cuda_prefill_cp.p4, 2 workloads, 1.80x (1.61x .. 2.03x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
 #   8. 78 < total_seq_len <= 174 and mean_seq_len <= 460: cuda_prefill_pool_rows.k8c8, 14 workloads, 5.23x (2.87x .. 10.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
 #   9. total_seq_len > 174 and mean_seq_len <= 460: cuda_prefill_staged.r64s4, 84 workloads, 3.71x (1.30x .. 11.06x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   10. total_seq_len > 6845 and 460 < mean_seq_len <= 1362: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
-#   11. total_seq_len > 12872 and mean_seq_len > 6445: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4
+#   11. total_seq_len > 12872 and mean_seq_len > 6445: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 4, 'speedup': (7.31, 8.73, 9.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (3, 540), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 6, 'speedup': (6.16, 7.63, 8.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
     {'region': 3, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (540, 3547), 'num_seqs': (None, 8), 'total_seq_len': (None, 5258)}, 'workloads': 7, 'speedup': (1.07, 1.22, 1.42), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3547, None), 'num_seqs': (None, 8)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3547, None), 'num_seqs': (None, 8)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
     {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (8, 16)}, 'workloads': 10, 'speedup': (1.06, 1.15, 1.26), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
     {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (30, 45), 'num_seqs': (8, None)}, 'workloads': 12, 'speedup': (1.03, 1.15, 1.23), 'fallbacks': ()},
     {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (8, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
@@ -97,14 +95,14 @@ REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 18), 'total_seq_len': (None, 78)}, 'workloads': 25, 'speedup': (2.99, 7.17, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
     {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (18, 460), 'total_seq_len': (None, 78)}, 'workloads': 2, 'speedup': (7.36, 8.86, 10.66), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (460, 723), 'total_seq_len': (None, 5725)}, 'workloads': 9, 'speedup': (2.77, 5.52, 8.16), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (723, 1362), 'total_seq_len': (None, 6845)}, 'workloads': 3, 'speedup': (3.23, 3.72, 4.13), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (723, 1362), 'total_seq_len': (None, 6845)}, 'workloads': 3, 'speedup': (3.23, 3.72, 4.13), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
     {'region': 5, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (6445, None), 'total_seq_len': (None, 12872)}, 'workloads': 2, 'speedup': (1.55, 1.55, 1.55), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1362, 3551)}, 'workloads': 6, 'speedup': (2.04, 3.57, 5.98), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1362, 3551)}, 'workloads': 6, 'speedup': (2.04, 3.57, 5.98), 'fallbacks': ('cuda_prefill_cp.p4',)},
     {'region': 7, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (3551, 6445)}, 'workloads': 2, 'speedup': (1.61, 1.8, 2.03), 'fallbacks': ('cuda_prefill_cp.p8',)},
     {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 460), 'total_seq_len': (78, 174)}, 'workloads': 14, 'speedup': (2.87, 5.23, 10.75), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
     {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 460), 'total_seq_len': (174, None)}, 'workloads': 84, 'speedup': (1.3, 3.71, 11.06), 'fallbacks': ('flashinfer_direct',)},
     {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (460, 1362), 'total_seq_len': (6845, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6445, None), 'total_seq_len': (12872, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6445, None), 'total_seq_len': (12872, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -124,7 +122,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
         return 'cuda_prefill_cp.p4'
     # region 4: 6 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs <= 8 and mean_seq_len > 3547:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
     # region 5: 10 workloads, 1.15x (1.06x .. 1.26x) over vllm_flashinfer_prefill
     if 8 < num_seqs <= 16 and mean_seq_len <= 30:
         return ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
@@ -163,13 +161,13 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
     # region 4: 3 workloads, 3.72x (3.23x .. 4.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 6845 and 723 < mean_seq_len <= 1362:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p8'
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p8'
     # region 5: 2 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill
     if total_seq_len <= 12872 and mean_seq_len > 6445:
         return 'cuda_prefill_cp.p8'
     # region 6: 6 workloads, 3.57x (2.04x .. 5.98x) over vllm_flashinfer_prefill
     if 1362 < mean_seq_len <= 3551:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
     # region 7: 2 workloads, 1.80x (1.61x .. 2.03x) over vllm_flashinfer_prefill
     if 3551 < mean_seq_len <= 6445:
         return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
@@ -184,7 +182,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
     # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 12872 and mean_seq_len > 6445:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -206,7 +204,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   6. total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 362 and 7 < max_seq_len <= 17: triton_prefill_fused.c16v32, 6 workloads, 7.15x (6.86x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   7. total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 362 and max_seq_len > 17: cuda_prefill_staged.r32s4, 37 workloads, 3.67x (1.64x .. 6.23x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
 #   8. total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len > 362 and 7 < max_seq_len <= 795: cuda_prefill_staged.r32s4, 3 workloads, 1.94x (1.71x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   9. total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len > 362 and max_seq_len > 795: cuda_prefill_cp.p4, 3 workloads, 1.36x (1.30x .. 1.42x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_staged.r64s4
+#   9. total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len > 362 and max_seq_len > 795: cuda_prefill_cp.p4, 3 workloads, 1.36x (1.30x .. 1.42x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
 #   10. total_seq_len <= 1475 and 1 < num_seqs <= 9 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 10.30x (10.30x .. 10.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   11. total_seq_len <= 2896 and 9 < num_seqs <= 17 and max_seq_len > 856: cuda_prefill_staged.r32s4, 2 workloads, 1.15x (1.14x .. 1.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
 #   12. total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 22 and 408 < max_seq_len <= 4528: cuda_prefill_staged.r64s4, 3 workloads, 1.17x (1.15x .. 1.20x) over vllm_flashinfer_prefill
@@ -241,7 +239,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   41. total_seq_len > 2896 and 9 < num_seqs <= 17 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
 #   42. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 22 and 408 < max_seq_len <= 4528: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
 #   43. 4048 < total_seq_len <= 6292 and num_seqs <= 9 and 2047 < max_seq_len <= 3399: cuda_prefill_cp.p4, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   44. 4048 < total_seq_len <= 6845 and num_seqs <= 1 and max_seq_len > 3399: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
+#   44. 4048 < total_seq_len <= 6845 and num_seqs <= 1 and max_seq_len > 3399: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
 #   45. 4048 < total_seq_len <= 6845 and 1 < num_seqs <= 9 and max_seq_len > 3399: cuda_prefill_cp.p8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   46. total_seq_len > 5792 and 9 < num_seqs <= 17 and 495 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
 #   47. total_seq_len > 5792 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 856: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
@@ -249,19 +247,19 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   49. total_seq_len > 6292 and num_seqs <= 5 and 2047 < max_seq_len <= 3399: flashinfer_direct, 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
 #   50. total_seq_len > 6292 and 5 < num_seqs <= 9 and 2047 < max_seq_len <= 3399: cuda_prefill_staged.r32s4, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
 #   51. 6845 < total_seq_len <= 23170 and num_seqs <= 9 and mean_seq_len <= 1448 and max_seq_len > 3399: cuda_prefill_cp.p8, 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   52. 6845 < total_seq_len <= 23170 and num_seqs <= 9 and mean_seq_len > 1448 and max_seq_len > 3399: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   52. 6845 < total_seq_len <= 23170 and num_seqs <= 9 and mean_seq_len > 1448 and max_seq_len > 3399: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 #   53. total_seq_len > 23170 and num_seqs <= 9 and 3399 < max_seq_len <= 7663: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   54. total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   54. total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 36 and num_seqs <= 9 and mean_seq_len <= 914 and max_seq_len <= 26: cuda_prefill_pool_rows.k8c8, 15 workloads, 8.52x (6.20x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 36 and num_seqs <= 9 and mean_seq_len <= 914 and 26 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 2 workloads, 8.42x (7.36x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
 #   3. total_seq_len <= 181 and num_seqs > 32 and mean_seq_len <= 355 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.12x (3.12x .. 3.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
 #   4. total_seq_len <= 181 and num_seqs > 32 and mean_seq_len <= 355 and 2 < max_seq_len <= 14: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.27x (3.15x .. 3.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
 #   5. total_seq_len <= 2896 and 914 < mean_seq_len <= 1254 and max_seq_len <= 2946: cuda_prefill_staged.r32s4, 1 workloads, 3.98x (3.98x .. 3.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   6. total_seq_len <= 2896 and mean_seq_len > 1254 and max_seq_len <= 2946: cuda_prefill_cp.p4, 2 workloads, 5.30x (4.65x .. 6.04x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16, flashinfer_direct
-#   7. num_seqs <= 1 and mean_seq_len > 914 and 2946 < max_seq_len <= 5008: cuda_prefill_cp.p8, 2 workloads, 1.78x (1.55x .. 2.04x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   6. total_seq_len <= 2896 and mean_seq_len > 1254 and max_seq_len <= 2946: cuda_prefill_cp.p4, 2 workloads, 5.30x (4.65x .. 6.04x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, flashinfer_direct
+#   7. num_seqs <= 1 and mean_seq_len > 914 and 2946 < max_seq_len <= 5008: cuda_prefill_cp.p8, 2 workloads, 1.78x (1.55x .. 2.04x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
 #   8. num_seqs <= 2 and 914 < mean_seq_len <= 12872 and max_seq_len > 5008: cuda_prefill_cp.p8, 2 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill
-#   9. num_seqs <= 2 and mean_seq_len > 12872 and max_seq_len > 5008: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4
+#   9. num_seqs <= 2 and mean_seq_len > 12872 and max_seq_len > 5008: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 #   10. num_seqs <= 9 and mean_seq_len <= 914 and 64 < max_seq_len <= 98: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.93x (4.45x .. 10.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   11. num_seqs <= 9 and mean_seq_len <= 914 and 98 < max_seq_len <= 132: cuda_prefill_staged.r64s4, 7 workloads, 7.59x (3.77x .. 11.06x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   12. num_seqs <= 9 and mean_seq_len <= 914 and max_seq_len > 132: cuda_prefill_staged.r32s4, 28 workloads, 5.97x (2.77x .. 9.42x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
@@ -295,7 +293,7 @@ REGIONS_HINTED = (
     {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 17), 'mean_seq_len': (None, 362), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 6, 'speedup': (6.86, 7.15, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
     {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 362), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 37, 'speedup': (1.64, 3.67, 6.23), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
     {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (7, 795), 'mean_seq_len': (362, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 3, 'speedup': (1.71, 1.94, 2.1), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 9, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (795, None), 'mean_seq_len': (362, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 3, 'speedup': (1.3, 1.36, 1.42), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4')},
+    {'region': 9, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (795, None), 'mean_seq_len': (362, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 3, 'speedup': (1.3, 1.36, 1.42), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
     {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (1, 9), 'total_seq_len': (None, 1475)}, 'workloads': 1, 'speedup': (10.3, 10.3, 10.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
     {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (856, None), 'num_seqs': (9, 17), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.14, 1.15, 1.15), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
     {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (408, 4528), 'mean_seq_len': (22, None), 'num_seqs': (17, None), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (1.15, 1.17, 1.2), 'fallbacks': ()},
@@ -330,7 +328,7 @@ REGIONS_HINTED = (
     {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (9, 17), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (408, 4528), 'mean_seq_len': (22, None), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 43, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (2047, 3399), 'num_seqs': (None, 9), 'total_seq_len': (4048, 6292)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': (), 'hand_back': True},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3399, None), 'num_seqs': (None, 1), 'total_seq_len': (4048, 6845)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3399, None), 'num_seqs': (None, 1), 'total_seq_len': (4048, 6845)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
     {'region': 45, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (3399, None), 'num_seqs': (1, 9), 'total_seq_len': (4048, 6845)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': (), 'hand_back': True},
     {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (495, 639), 'num_seqs': (9, 17), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
     {'region': 47, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 856), 'num_seqs': (9, 17), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
@@ -338,9 +336,9 @@ REGIONS_HINTED = (
     {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2047, 3399), 'num_seqs': (None, 5), 'total_seq_len': (6292, None)}, 'workloads': 1, 'speedup': (1.34, 1.34, 1.34), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
     {'region': 50, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2047, 3399), 'num_seqs': (5, 9), 'total_seq_len': (6292, None)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off'), 'hand_back': True},
     {'region': 51, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (3399, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 9), 'total_seq_len': (6845, 23170)}, 'workloads': 1, 'speedup': (1.25, 1.25, 1.25), 'fallbacks': (), 'hand_back': True},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3399, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 9), 'total_seq_len': (6845, 23170)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3399, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 9), 'total_seq_len': (6845, 23170)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
     {'region': 53, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (3399, 7663), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7663, None), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7663, None), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -349,10 +347,10 @@ REGIONS_HINTED_EAGER = (
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 355), 'num_seqs': (32, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (3.12, 3.12, 3.12), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 14), 'mean_seq_len': (None, 355), 'num_seqs': (32, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.15, 3.27, 3.4), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 2946), 'mean_seq_len': (914, 1254), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (3.98, 3.98, 3.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (None, 2946), 'mean_seq_len': (1254, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (4.65, 5.3, 6.04), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2946, 5008), 'mean_seq_len': (914, None), 'num_seqs': (None, 1)}, 'workloads': 2, 'speedup': (1.55, 1.78, 2.04), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (None, 2946), 'mean_seq_len': (1254, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (4.65, 5.3, 6.04), 'fallbacks': ('cuda_prefill_cp.p8', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2946, 5008), 'mean_seq_len': (914, None), 'num_seqs': (None, 1)}, 'workloads': 2, 'speedup': (1.55, 1.78, 2.04), 'fallbacks': ('cuda_prefill_cp.p4',)},
     {'region': 8, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (5008, None), 'mean_seq_len': (914, 12872), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (1.55, 1.55, 1.55), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5008, None), 'mean_seq_len': (12872, None), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5008, None), 'mean_seq_len': (12872, None), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
     {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (64, 98), 'mean_seq_len': (None, 914), 'num_seqs': (None, 9)}, 'workloads': 3, 'speedup': (4.45, 6.93, 10.53), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (98, 132), 'mean_seq_len': (None, 914), 'num_seqs': (None, 9)}, 'workloads': 7, 'speedup': (3.77, 7.59, 11.06), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 12, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (132, None), 'mean_seq_len': (None, 914), 'num_seqs': (None, 9)}, 'workloads': 28, 'speedup': (2.77, 5.97, 9.42), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
@@ -410,7 +408,7 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
     # region 9: 3 workloads, 1.36x (1.30x .. 1.42x) over vllm_flashinfer_prefill
     if total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len > 362 and max_seq_len > 795:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p4'
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p4'
     # region 10: 1 workloads, 10.30x (10.30x .. 10.30x) over vllm_flashinfer_prefill
     if total_seq_len <= 1475 and 1 < num_seqs <= 9 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
@@ -509,7 +507,7 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return 'cuda_prefill_cp.p4'
     # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 4048 < total_seq_len <= 6845 and num_seqs <= 1 and max_seq_len > 3399:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 45: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call
     if 4048 < total_seq_len <= 6845 and 1 < num_seqs <= 9 and max_seq_len > 3399:
         return 'cuda_prefill_cp.p8'
@@ -533,13 +531,13 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return 'cuda_prefill_cp.p8'
     # region 52: 6 workloads, the baseline; its stand-ins where it cannot run here
     if 6845 < total_seq_len <= 23170 and num_seqs <= 9 and mean_seq_len > 1448 and max_seq_len > 3399:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
     # region 53: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 23170 and num_seqs <= 9 and 3399 < max_seq_len <= 7663:
         return 'cuda_prefill_staged.r32s4'
     # region 54: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -563,16 +561,16 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
     # region 6: 2 workloads, 5.30x (4.65x .. 6.04x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and mean_seq_len > 1254 and max_seq_len <= 2946:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
     # region 7: 2 workloads, 1.78x (1.55x .. 2.04x) over vllm_flashinfer_prefill
     if num_seqs <= 1 and mean_seq_len > 914 and 2946 < max_seq_len <= 5008:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
     # region 8: 2 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill
     if num_seqs <= 2 and 914 < mean_seq_len <= 12872 and max_seq_len > 5008:
         return 'cuda_prefill_cp.p8'
     # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs <= 2 and mean_seq_len > 12872 and max_seq_len > 5008:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
     # region 10: 3 workloads, 6.93x (4.45x .. 10.53x) over vllm_flashinfer_prefill
     if num_seqs <= 9 and mean_seq_len <= 914 and 64 < max_seq_len <= 98:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'

@@ -11,9 +11,7 @@
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   vllm_flashinfer_prefill         cafcd75cbe1a2e72  156/156  1.00x
-#   cuda_prefill_cp.p16             ecb8836f4efaed45  19/23  0.83x  [4 screened out]
 #   cuda_prefill_cp.p4              4faa47a619017c1c  21/23  0.97x  [2 screened out]
-#   cuda_prefill_cp.p8              ee916646fd1ae292  21/23  0.88x  [2 screened out]
 #   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  81/149  0.95x  [68 screened out]
 #   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  89/149  0.95x  [60 screened out]
 #   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  87/149  0.98x  [62 screened out]
@@ -28,9 +26,7 @@
 #   triton_prefill_staged.c16v64    71c60215ec2efc08  153/156  1.03x  [3 screened out]
 #   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  156/156  1.35x
 # configs     launch configurations the tuner measured as variants of their own
-#   cuda_prefill_cp.p16             segments=16
 #   cuda_prefill_cp.p4              segments=4
-#   cuda_prefill_cp.p8              segments=8
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
 #   cuda_prefill_pool_rows.k4c8     cfg=(4, 32, 8)
@@ -71,8 +67,8 @@
 #   4. total_seq_len <= 111 and num_seqs > 3 and mean_seq_len > 6: cuda_prefill_staged.r64s4, 6 workloads, 8.79x (8.27x .. 9.80x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
 #   5. 111 < total_seq_len <= 3037 and mean_seq_len > 326: cuda_prefill_staged.r32s4, 14 workloads, 5.09x (2.98x .. 8.27x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   6. 111 < total_seq_len <= 7643 and mean_seq_len <= 326: cuda_prefill_staged.r64s4, 86 workloads, 3.19x (1.35x .. 9.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   7. 3037 < total_seq_len <= 5792 and mean_seq_len > 326: cuda_prefill_cp.p4, 2 workloads, 2.75x (2.20x .. 3.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_staged.r64s4, cuda_prefill_cp.p16
-#   8. total_seq_len > 7643 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
+#   7. 3037 < total_seq_len <= 5792 and mean_seq_len > 326: cuda_prefill_cp.p4, 2 workloads, 2.75x (2.20x .. 3.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
+#   8. total_seq_len > 7643 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
 #   9. total_seq_len > 7643 and 1 < num_seqs <= 5: cuda_prefill_staged.r32s4, 4 workloads, 2.78x (1.63x .. 4.15x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   10. total_seq_len > 7643 and 5 < num_seqs <= 34: flashinfer_direct, 10 workloads, 1.45x (1.18x .. 1.79x) over vllm_flashinfer_prefill
 #   11. total_seq_len > 7643 and 34 < num_seqs <= 171: cuda_prefill_staged.r64s4, 5 workloads, 1.90x (1.36x .. 2.50x) over vllm_flashinfer_prefill; then flashinfer_direct
@@ -100,8 +96,8 @@ REGIONS_EAGER = (
     {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (3, None), 'total_seq_len': (None, 111)}, 'workloads': 6, 'speedup': (8.27, 8.79, 9.8), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (326, None), 'total_seq_len': (111, 3037)}, 'workloads': 14, 'speedup': (2.98, 5.09, 8.27), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 326), 'total_seq_len': (111, 7643)}, 'workloads': 86, 'speedup': (1.35, 3.19, 9.51), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (326, None), 'total_seq_len': (3037, 5792)}, 'workloads': 2, 'speedup': (2.2, 2.75, 3.43), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (326, None), 'total_seq_len': (3037, 5792)}, 'workloads': 2, 'speedup': (2.2, 2.75, 3.43), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (1, 5), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.63, 2.78, 4.15), 'fallbacks': ('flashinfer_direct',)},
     {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (5, 34), 'total_seq_len': (7643, None)}, 'workloads': 10, 'speedup': (1.18, 1.45, 1.79), 'fallbacks': ()},
     {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (34, 171), 'total_seq_len': (7643, None)}, 'workloads': 5, 'speedup': (1.36, 1.9, 2.5), 'fallbacks': ('flashinfer_direct',)},
@@ -173,10 +169,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
     # region 7: 2 workloads, 2.75x (2.20x .. 3.43x) over vllm_flashinfer_prefill
     if 3037 < total_seq_len <= 5792 and mean_seq_len > 326:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p4'
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p4'
     # region 8: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 7643 and num_seqs <= 1:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     # region 9: 4 workloads, 2.78x (1.63x .. 4.15x) over vllm_flashinfer_prefill
     if total_seq_len > 7643 and 1 < num_seqs <= 5:
         return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
@@ -234,15 +230,15 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   30. total_seq_len > 724 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
 #   31. 1448 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 1023: flashinfer_direct, 1 workloads, 3.23x (3.23x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
 #   32. total_seq_len > 1448 and 11 < num_seqs <= 21 and mean_seq_len > 53 and max_seq_len <= 441: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   33. 2438 < total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   33. 2438 < total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
 #   34. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 2281: flashinfer_direct, 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
 #   35. total_seq_len > 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
 #   36. total_seq_len > 2896 and num_seqs > 11 and mean_seq_len > 53 and max_seq_len > 441: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
 #   37. total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 53 and max_seq_len <= 441: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   38. total_seq_len > 5792 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
+#   38. total_seq_len > 5792 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
 #   39. total_seq_len > 5792 and 3 < mean_seq_len <= 53 and max_seq_len > 2872: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
 #   40. total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and 2281 < max_seq_len <= 4399: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
-#   41. total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   41. total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 51 and num_seqs > 8 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 1 workloads, 6.48x (6.48x .. 6.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 51 and num_seqs > 8 and max_seq_len > 5: cuda_prefill_pool_rows.k4c8, 1 workloads, 3.69x (3.69x .. 3.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
@@ -265,7 +261,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   19. 7643 < total_seq_len <= 11585 and 4 < num_seqs <= 34 and mean_seq_len <= 1448 and max_seq_len > 1081: flashinfer_direct, 6 workloads, 1.42x (1.18x .. 1.63x) over vllm_flashinfer_prefill
 #   20. 7643 < total_seq_len <= 23170 and max_seq_len <= 1081: cuda_prefill_staged.r64s4, 8 workloads, 2.00x (1.58x .. 2.80x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   21. total_seq_len > 7643 and num_seqs <= 4 and 1081 < max_seq_len <= 8189: cuda_prefill_staged.r32s4, 4 workloads, 2.78x (1.63x .. 4.15x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   22. total_seq_len > 7643 and num_seqs <= 4 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
+#   22. total_seq_len > 7643 and num_seqs <= 4 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
 #   23. total_seq_len > 7643 and 4 < num_seqs <= 34 and mean_seq_len > 1448 and 1081 < max_seq_len <= 11582: flashinfer_direct, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
 #   24. total_seq_len > 7643 and 4 < num_seqs <= 34 and mean_seq_len > 1448 and max_seq_len > 11582: vllm_flashinfer_prefill (baseline), 0 workloads
 #   25. total_seq_len > 7643 and 34 < num_seqs <= 181 and max_seq_len > 5420: cuda_prefill_staged.r64s4, 2 workloads, 1.62x (1.36x .. 1.92x) over vllm_flashinfer_prefill; then flashinfer_direct
@@ -308,15 +304,15 @@ REGIONS_HINTED = (
     {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
     {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (322, 1023), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (1448, 2438)}, 'workloads': 1, 'speedup': (3.23, 3.23, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
     {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (11, 21), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, 5792)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, 5792)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 1, 'speedup': (1.7, 1.7, 1.7), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
     {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (441, None), 'mean_seq_len': (53, None), 'num_seqs': (11, None), 'total_seq_len': (2896, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
     {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (53, None), 'num_seqs': (None, 2), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (53, None), 'num_seqs': (None, 2), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2872, None), 'mean_seq_len': (3, 53), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2281, 4399), 'mean_seq_len': (53, None), 'num_seqs': (2, 4), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4'), 'hand_back': True},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (53, None), 'num_seqs': (2, 4), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (53, None), 'num_seqs': (2, 4), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -341,7 +337,7 @@ REGIONS_HINTED_EAGER = (
     {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (None, 1448), 'num_seqs': (4, 34), 'total_seq_len': (7643, 11585)}, 'workloads': 6, 'speedup': (1.18, 1.42, 1.63), 'fallbacks': ()},
     {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1081), 'total_seq_len': (7643, 23170)}, 'workloads': 8, 'speedup': (1.58, 2.0, 2.8), 'fallbacks': ('flashinfer_direct',)},
     {'region': 21, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1081, 8189), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.63, 2.78, 4.15), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 11582), 'mean_seq_len': (1448, None), 'num_seqs': (4, 34), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ()},
     {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11582, None), 'mean_seq_len': (1448, None), 'num_seqs': (4, 34), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (5420, None), 'num_seqs': (34, 181), 'total_seq_len': (7643, None)}, 'workloads': 2, 'speedup': (1.36, 1.62, 1.92), 'fallbacks': ('flashinfer_direct',)},
@@ -456,7 +452,7 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     # region 33: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 2438 < total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 2281:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 34: 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill
     if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 2281:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
@@ -471,7 +467,7 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 38: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len > 2281:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 3 < mean_seq_len <= 53 and max_seq_len > 2872:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
@@ -480,7 +476,7 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
     # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 4399:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -552,7 +548,7 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
     # region 22: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 7643 and num_seqs <= 4 and max_seq_len > 8189:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     # region 23: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
     if total_seq_len > 7643 and 4 < num_seqs <= 34 and mean_seq_len > 1448 and 1081 < max_seq_len <= 11582:
         return 'flashinfer_direct'

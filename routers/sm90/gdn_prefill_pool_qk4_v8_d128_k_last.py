@@ -11,7 +11,6 @@
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   sglang_flashinfer_prefill       191af6002b6ddb72  147/147  1.00x
-#   cuda_prefill_cp.p16             ecb8836f4efaed45  31/35  1.26x  [4 screened out]
 #   cuda_prefill_cp.p4              4faa47a619017c1c  33/35  1.40x  [2 screened out]
 #   cuda_prefill_cp.p8              ee916646fd1ae292  33/35  1.40x  [2 screened out]
 #   cuda_prefill_pool_rows.k16c16   055fb5e6e6439e69  128/139  0.95x  [11 screened out]
@@ -35,7 +34,6 @@
 #   triton_prefill_staged.c16v32    37f0e2ff575e0e91  144/147  1.92x  [3 screened out]
 #   triton_prefill_staged.c16v64    71c60215ec2efc08  143/147  1.92x  [4 screened out]
 # configs     launch configurations the tuner measured as variants of their own
-#   cuda_prefill_cp.p16             segments=16
 #   cuda_prefill_cp.p4              segments=4
 #   cuda_prefill_cp.p8              segments=8
 #   cuda_prefill_pool_rows.k16c16   cfg=(16, 8, 16)
@@ -68,13 +66,13 @@
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 69 and mean_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 13 workloads, 8.26x (2.62x .. 14.21x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 69 and 4 < mean_seq_len <= 970: triton_prefill_fused.c16v32, 9 workloads, 7.39x (4.44x .. 10.33x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c16, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
-#   3. total_seq_len <= 5792 and mean_seq_len > 970: cuda_prefill_cp.p4, 6 workloads, 1.48x (1.25x .. 1.73x) over sglang_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16, flashinfer_pool_inplace
+#   3. total_seq_len <= 5792 and mean_seq_len > 970: cuda_prefill_cp.p4, 6 workloads, 1.48x (1.25x .. 1.73x) over sglang_flashinfer_prefill; then cuda_prefill_cp.p8, flashinfer_pool_inplace
 #   4. total_seq_len > 69 and num_seqs <= 6 and 192 < mean_seq_len <= 970: cuda_prefill_staged.r32s4, 14 workloads, 2.58x (1.30x .. 4.40x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_pool_inplace
 #   5. total_seq_len > 69 and num_seqs <= 17 and mean_seq_len <= 192: cuda_prefill_staged.r32s4, 39 workloads, 4.01x (1.44x .. 9.51x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r64s4
 #   6. total_seq_len > 69 and num_seqs > 6 and 192 < mean_seq_len <= 970: cuda_prefill_staged.r64s4, 11 workloads, 1.61x (1.17x .. 5.18x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r32s4
 #   7. total_seq_len > 69 and num_seqs > 17 and mean_seq_len <= 192: cuda_prefill_staged.r64s4, 43 workloads, 2.46x (1.11x .. 3.49x) over sglang_flashinfer_prefill
 #   8. total_seq_len > 5792 and 970 < mean_seq_len <= 15732: flashinfer_pool_inplace, 10 workloads, 1.10x (1.06x .. 1.22x) over sglang_flashinfer_prefill
-#   9. total_seq_len > 5792 and mean_seq_len > 15732: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_pool_inplace, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4
+#   9. total_seq_len > 5792 and mean_seq_len > 15732: sglang_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_pool_inplace, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 123 and mean_seq_len <= 13: cuda_prefill_pool_rows.k16c8, 17 workloads, 15.59x (9.43x .. 22.66x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
 #   2. total_seq_len <= 123 and 13 < mean_seq_len <= 121: cuda_prefill_pool_rows.k8c16, 8 workloads, 13.35x (11.02x .. 15.81x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k1c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
@@ -90,13 +88,13 @@
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (None, 69)}, 'workloads': 13, 'speedup': (2.62, 8.26, 14.21), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
     {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (4, 970), 'total_seq_len': (None, 69)}, 'workloads': 9, 'speedup': (4.44, 7.39, 10.33), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 3, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (970, None), 'total_seq_len': (None, 5792)}, 'workloads': 6, 'speedup': (1.25, 1.48, 1.73), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_pool_inplace')},
+    {'region': 3, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (970, None), 'total_seq_len': (None, 5792)}, 'workloads': 6, 'speedup': (1.25, 1.48, 1.73), 'fallbacks': ('cuda_prefill_cp.p8', 'flashinfer_pool_inplace')},
     {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (192, 970), 'num_seqs': (None, 6), 'total_seq_len': (69, None)}, 'workloads': 14, 'speedup': (1.3, 2.58, 4.4), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_pool_inplace')},
     {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 192), 'num_seqs': (None, 17), 'total_seq_len': (69, None)}, 'workloads': 39, 'speedup': (1.44, 4.01, 9.51), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
     {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (192, 970), 'num_seqs': (6, None), 'total_seq_len': (69, None)}, 'workloads': 11, 'speedup': (1.17, 1.61, 5.18), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
     {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 192), 'num_seqs': (17, None), 'total_seq_len': (69, None)}, 'workloads': 43, 'speedup': (1.11, 2.46, 3.49), 'fallbacks': ()},
     {'region': 8, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (970, 15732), 'total_seq_len': (5792, None)}, 'workloads': 10, 'speedup': (1.06, 1.1, 1.22), 'fallbacks': ()},
-    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (15732, None), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
+    {'region': 9, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (15732, None), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
 )
 
 REGIONS_EAGER = (
@@ -125,7 +123,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
         return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
     # region 3: 6 workloads, 1.48x (1.25x .. 1.73x) over sglang_flashinfer_prefill
     if total_seq_len <= 5792 and mean_seq_len > 970:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_cp.p4'
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_cp.p4'
     # region 4: 14 workloads, 2.58x (1.30x .. 4.40x) over sglang_flashinfer_prefill
     if total_seq_len > 69 and num_seqs <= 6 and 192 < mean_seq_len <= 970:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r32s4'
@@ -143,7 +141,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
         return 'flashinfer_pool_inplace'
     # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and mean_seq_len > 15732:
-        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'sglang_flashinfer_prefill'
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'sglang_flashinfer_prefill'
     return 'sglang_flashinfer_prefill'
 
 
@@ -197,7 +195,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #   5. total_seq_len <= 11585 and num_seqs > 2 and mean_seq_len > 724 and 2047 < max_seq_len <= 2457: cuda_prefill_staged.r32s4, 1 workloads, 1.81x (1.81x .. 1.81x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_pool_inplace
 #   6. total_seq_len <= 27005 and 136 < mean_seq_len <= 362 and max_seq_len > 10420: flashinfer_pool_inplace, 1 workloads, 1.06x (1.06x .. 1.06x) over sglang_flashinfer_prefill
 #   7. total_seq_len <= 31211 and mean_seq_len > 362 and 10420 < max_seq_len <= 29167: flashinfer_pool_inplace, 4 workloads, 1.08x (1.06x .. 1.09x) over sglang_flashinfer_prefill
-#   8. num_seqs <= 1 and mean_seq_len > 362 and max_seq_len > 29167: sglang_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_pool_inplace, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   8. num_seqs <= 1 and mean_seq_len > 362 and max_seq_len > 29167: sglang_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_pool_inplace, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   9. num_seqs <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k16c8, 1 workloads, 13.21x (13.21x .. 13.21x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k1c8
 #   10. num_seqs <= 2 and mean_seq_len > 362 and 2047 < max_seq_len <= 2457: flashinfer_pool_inplace, 1 workloads, 1.17x (1.17x .. 1.17x) over sglang_flashinfer_prefill
 #   11. num_seqs <= 10 and 7 < max_seq_len <= 18: triton_prefill_fused.c16v32, 7 workloads, 10.01x (9.74x .. 10.33x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
@@ -254,7 +252,7 @@ REGIONS_HINTED = (
     {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2047, 2457), 'mean_seq_len': (724, None), 'num_seqs': (2, None), 'total_seq_len': (None, 11585)}, 'workloads': 1, 'speedup': (1.81, 1.81, 1.81), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_pool_inplace')},
     {'region': 6, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (10420, None), 'mean_seq_len': (136, 362), 'total_seq_len': (None, 27005)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
     {'region': 7, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (10420, 29167), 'mean_seq_len': (362, None), 'total_seq_len': (None, 31211)}, 'workloads': 4, 'speedup': (1.06, 1.08, 1.09), 'fallbacks': ()},
-    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (29167, None), 'mean_seq_len': (362, None), 'num_seqs': (None, 1)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 8, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (29167, None), 'mean_seq_len': (362, None), 'num_seqs': (None, 1)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_pool_inplace', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 9, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (13.21, 13.21, 13.21), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k1c8')},
     {'region': 10, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (2047, 2457), 'mean_seq_len': (362, None), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ()},
     {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 18), 'num_seqs': (None, 10)}, 'workloads': 7, 'speedup': (9.74, 10.01, 10.33), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
@@ -335,7 +333,7 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
         return 'flashinfer_pool_inplace'
     # region 8: 1 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs <= 1 and mean_seq_len > 362 and max_seq_len > 29167:
-        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'sglang_flashinfer_prefill'
+        return ('sglang_flashinfer_prefill', 'flashinfer_pool_inplace', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'sglang_flashinfer_prefill'
     # region 9: 1 workloads, 13.21x (13.21x .. 13.21x) over sglang_flashinfer_prefill
     if num_seqs <= 2 and max_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k1c8') if inside else 'cuda_prefill_pool_rows.k16c8'

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 HEADS = list(GATHERED_HEADS.values())
 VARIANTS = ["vllm_flashinfer_prefill", "triton_prefill_fused.c16v64", "triton_prefill_staged.c16v64",
-            "cuda_prefill_staged.r32s4", "cuda_prefill_cp.p8", "triton_prefill_chunked.v64",
+            "cuda_prefill_staged.r32s4", "cuda_prefill_cp.p4", "triton_prefill_chunked.v64",
             "cuda_prefill_pool_rows.k2c8", "flashinfer_direct"]
 OUT, STATES, CU = 7, 5, 6
 

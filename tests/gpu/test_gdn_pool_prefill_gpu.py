@@ -153,7 +153,7 @@ def test_context_parallel_fits_segments_to_each_sequence(hq, hv, name, lengths):
 
 
 @pytest.mark.parametrize("name", ["cuda_prefill_pool_rows.k4c16", "sglang_flashinfer_prefill",
-                                  "flashinfer_pool_inplace", "flashinfer_direct", "cuda_prefill_cp.p8"])
+                                  "flashinfer_pool_inplace", "flashinfer_direct", "cuda_prefill_cp.p4"])
 @pytest.mark.parametrize("hq,hv", HEADS)
 def test_in_a_graph(hq, hv, name):
     v = runnable(hq, hv, name)
