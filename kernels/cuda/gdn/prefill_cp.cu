@@ -5,7 +5,7 @@
 // many segments each sequence is walked in, and the CP launches' work lists), the CP walk's Plan for
 // prefill_walk.cu's walk, the chain over the segments and the correction of their outputs, and the kernels.
 
-// ---- CP: the batch's plan, made by the first launch's last block (cp_plan) ----
+// ---- CP: the batch's plan, made by the CP first launch's extra grid column (cp_plan) ----
 // How many segments each sequence is walked in, and the lists the CP launches' blocks take their work from:
 // their grids are sized for the most work the plan can give a batch of their shape (IDLE below), not for every
 // (sequence, segment, chunk) a batch of T tokens could hold (on batches of short sequences, those idle blocks

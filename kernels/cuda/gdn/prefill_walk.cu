@@ -115,7 +115,7 @@ struct Args {
     float* state; const int* slots; const unsigned char* init; const void* cu; bf16_t* out;
     long long T; int N, num_slots, hv, hqk, has_state;
     long long q_t, q_h, k_t, k_h, v_t, v_h, s_slot, s_head, s_row;
-    const int* plan; bf16_t* aux; float* bs; bf16_t* as;  // CP: the batch's plan (cp_plan), key rows' outputs, B, A
+    const int* plan; bf16_t* aux; float* bs; bf16_t* as;  // CP (prefill_cp.cu): the batch's plan, key rows' outputs, B, A
 };
 
 // The cu_seqlens check every kernel here makes (block-wide, one __syncthreads_or): 0 = cu[0] <= ... <= cu[N] = T.
