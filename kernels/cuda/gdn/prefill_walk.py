@@ -24,12 +24,11 @@ so its products chain register to register. On the H200 grid (benchmarks/results
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
 
-from kdispatch import definitions, nvrtc
+from kdispatch import nvrtc
 from kdispatch.definitions.gdn.gathered import GATHERED_HEADS, all_true, gathered_prefill_name, identity_slots
 from kdispatch.definitions.gdn.names import PACKED_HEADS, pool_prefill_name
 from kdispatch.kernels.triton.gdn.decode_splitv import _resolve_scale
@@ -69,11 +68,11 @@ def kernel(warps: int, stages: int, pooled: bool) -> nvrtc.Kernel:
     return kern
 
 
-def algebra(q, k, gates, cu_seqlens, HV: int, scale: float, *, contest: bool, kernel=None, extra=()):
+def algebra(q, k, gates, cu_seqlens, HV: int, scale: float, *, contest: bool, kern=None, extra=()):
     """The first launch in CUDA, the .cu's gdn_prefill_algebra_<pool|contest>: (matrices, factors) of every
     16-token block and value head. `gates`: (g, beta, None, None) activated, fp32, q/k normalised in the
     launch (the engines'); or the contest's (a, b, A_log, dt_bias), bf16 a and b, fp32 A_log and dt_bias [HV]
-    (the dispatcher checks dtypes against the definition). `kernel`, `extra`: a build of it taking these
+    (the dispatcher checks dtypes against the definition). `kern`, `extra`: a build of it taking these
     arguments more and one more column of the grid (prefill_cp.py's, which makes CP's plan there)."""
     T, HQK = q.shape[0], q.shape[1]
     N = cu_seqlens.shape[0] - 1
@@ -86,16 +85,16 @@ def algebra(q, k, gates, cu_seqlens, HV: int, scale: float, *, contest: bool, ke
     blocks = -(-T // 16)
     mats = torch.empty(max(blocks, 1) * HV * 512, device=q.device, dtype=torch.bfloat16)
     factors = torch.empty(max(blocks, 1) * HV * 64, dtype=torch.float32, device=q.device)
-    if blocks or kernel is not None:
-        if kernel is None:
+    if blocks or kern is not None:
+        if kern is None:
             kind = "contest" if contest else "pool"
-            kernel = _kernels.get(("algebra", kind))
-            if kernel is None:
-                kernel = _kernels[("algebra", kind)] = nvrtc.load_kernel(CU, f"gdn_prefill_algebra_{kind}",
-                                                                         signature=ALGEBRA_SIGNATURE)
-        kernel.launch((blocks + bool(extra), HQK), 32, q, k, g, beta, A_log, dt_bias, cu_seqlens, mats, factors,
-                      float(scale), T, N, HV, HQK, q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0),
-                      beta.stride(0), *extra, stream=nvrtc.current_stream(q.get_device()))
+            kern = _kernels.get(("algebra", kind))
+            if kern is None:
+                kern = _kernels[("algebra", kind)] = nvrtc.load_kernel(CU, f"gdn_prefill_algebra_{kind}",
+                                                                       signature=ALGEBRA_SIGNATURE)
+        kern.launch((blocks + bool(extra), HQK), 32, q, k, g, beta, A_log, dt_bias, cu_seqlens, mats, factors,
+                    float(scale), T, N, HV, HQK, q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0),
+                    beta.stride(0), *extra, stream=nvrtc.current_stream(q.get_device()))
     return mats, factors
 
 
