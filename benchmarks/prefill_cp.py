@@ -11,13 +11,14 @@ CP walks P segments of every sequence at once.
 
     python benchmarks/prefill_cp.py [--definitions gdn_prefill_pool_qk2_v4 ...] \\
         [--shapes 1x2048 4x512 8x4096/skewed ...] [--variants cuda_prefill_staged.r64s4 cuda_prefill_cp.p8 ...] \\
-        [--replays N] [--check reference|first] [--kernels] [--json out.json]
+        [--replays N] [--check reference|first] [--kernels] [--unoffered] [--json out.json]
 
 A shape is SEQSxTOKENS with random cut points, or SEQSxTOKENS/MIX with one of the coverage sets' length
 mixes (the definition spec's prefill_mix: "skewed", one long sequence among short ones; "equal");
 "skewed@I" puts the long sequence at index I (-1: last), to see what its place in the batch costs.
 
-`--kernels` adds, under each shape's row, every variant's kernels and their device time per call
+`--unoffered` times a variant also where its `supports` declines the shape (whether to offer it there:
+CP beyond CP_MAX_PAIRS, say). `--kernels` adds, under each shape's row, every variant's kernels and their device time per call
 (torch.profiler over eager calls, benchmarks/hosttime.py): where a variant's time goes, launch by launch.
 
 A variant a definition does not register (another definition's baseline) is skipped there ("-").
@@ -82,6 +83,8 @@ def main() -> None:
                          "shape (no reference call, which walks the batch on the host: quicker A/B runs)")
     ap.add_argument("--kernels", action="store_true",
                     help="each variant's kernels and their device time per call, under the shape's row")
+    ap.add_argument("--unoffered", action="store_true",
+                    help="time variants also on shapes their `supports` declines")
     ap.add_argument("--json")
     opts = ap.parse_args()
     registry.discover()
@@ -114,7 +117,7 @@ def main() -> None:
                 row = {"definition": definition, "shape": shape, "variant": vname}
                 try:
                     v = registry.get(definition, vname)
-                    why = v.why_not(arch.local_arch()) or v.declines(axes)
+                    why = v.why_not(arch.local_arch()) or (None if opts.unoffered else v.declines(axes))
                 except KeyError:  # not registered for this definition (a baseline of another, CP at 32 heads)
                     why = "not registered"
                 if why:
