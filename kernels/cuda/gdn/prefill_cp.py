@@ -143,12 +143,12 @@ def _cp_walk(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, cont
     if N <= 0:
         return
     q, k, v = walk.inputs(q, k, v, state, out)
-    pooled = slots is not None
-    e_max, c_max = cp_bounds(T, N, segments, HV, _sms(q.device))
+    pooled, sms = slots is not None, _sms(q.device)
+    e_max, c_max = cp_bounds(T, N, segments, HV, sms)
     plan = torch.empty(PLAN_HEAD + 2 * N + 3 * e_max + 2 * c_max, dtype=torch.int32, device=q.device)
     mats, factors = walk.algebra(q, k, gates, cu_seqlens, HV, scale, contest=contest,
                                  kern=_kernel("algebra", pooled),
-                                 extra=(plan, segments, _sms(q.device), e_max, c_max))
+                                 extra=(plan, segments, sms, e_max, c_max))
     stream = nvrtc.current_stream(q.get_device())
     cp = (*walk.walk_args(q, k, v, mats, factors, state, slots, init, cu_seqlens, out, has_state=has_state), plan,
           torch.empty_like(out),  # o~: the key rows' outputs
