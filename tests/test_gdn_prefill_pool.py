@@ -109,10 +109,9 @@ def test_segments_walked_apart_then_chained_give_the_whole_walk():
     assert (o_zero - want_out).abs().max() > 10 * (got_out - want_out).abs().max()
 
 
-def test_context_parallel_is_offered_only_to_few_long_sequences():
-    """cuda_prefill_cp's `supports` (the tuner measures it only there): up to CP_MAX_PAIRS (sequence,
-    value head) pairs from CP_MIN_TOKENS tokens; not registered where one sequence has more than
-    CP_MAX_HEADS heads."""
+def test_context_parallel_is_offered_from_cp_min_tokens():
+    """cuda_prefill_cp's `supports` (the tuner measures it only there): every batch of CP_MIN_TOKENS tokens or
+    more, however many sequences; not registered where one sequence has more than CP_MAX_HEADS heads."""
     from kdispatch import registry
     from kdispatch.kernels.cuda.gdn import prefill_cp as pc
 
@@ -124,9 +123,8 @@ def test_context_parallel_is_offered_only_to_few_long_sequences():
                 registry.get(name, "cuda_prefill_cp.p4")
             continue
         v = registry.get(name, "cuda_prefill_cp.p4")
-        most = pc.CP_MAX_PAIRS // hv
-        assert v.declines({"num_seqs": most, "total_seq_len": pc.CP_MIN_TOKENS}) is None
-        assert "pairs" in v.declines({"num_seqs": most + 1, "total_seq_len": 10 * pc.CP_MIN_TOKENS})
+        for seqs in (1, 64, 256):
+            assert v.declines({"num_seqs": seqs, "total_seq_len": pc.CP_MIN_TOKENS}) is None
         assert "tokens" in v.declines({"num_seqs": 1, "total_seq_len": pc.CP_MIN_TOKENS - 1})
 
 

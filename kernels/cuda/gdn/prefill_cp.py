@@ -18,7 +18,7 @@ over CP's best on one sequence of 2k-32k tokens: 2.0-4.7x at 4 value heads, 1.7-
 16; slower at 32 (the doubled work fills the GPU already) and on short sequences. Against FlashInfer's
 chunked prefill with its own context parallelism (prefill-cp-baselines-H200.json): ahead at 2k tokens,
 behind in graphs from 8k tokens (but at 4 heads x 8k), ahead eagerly up to 8k.
-`supports` offers it to the tuner where it can pay (CP_MAX_PAIRS, CP_MIN_TOKENS).
+`supports` offers it to the tuner from CP_MIN_TOKENS tokens.
 
 prefill_cp.cu is compiled as prefill_walk.cu's text followed by its own: the walk is prefill_walk.cu's
 (its Plan here PlannedSegments), and what only CP runs lives here and there, so a change to CP leaves the
@@ -64,14 +64,13 @@ ALGEBRA_SIGNATURE = walk.ALGEBRA_SIGNATURE + "p" + "iiii"
 # most SMs an sm90 part has (H100 and H200 SXM; fewer SMs make more of them alike).
 CP_SEGMENTS = (4, 8, 16)
 SM90_SMS = 132
-# Where CP is offered to the tuner (`supports`): few (sequence, value head) pairs, long batches. On the H200
-# (benchmarks/results/prefill-cp-H200.json) it won at up to 16 pairs from 1,024-2,048 tokens of equal
-# sequences and lost at 32 pairs and above (its doubled work fills the GPU there); with the segments fitted
-# to each sequence it is offered to batches of up to 64 pairs, where one long sequence among short ones
-# keeps the walk serial (cp-segments-ab-H200.txt: 8 x 4,096 tokens, one holding 7/8 of them, 1.47x the
-# walk at 8 value heads; the length mix, which `supports` does not see, decides: the tuner measures).
+# Where CP is offered to the tuner (`supports`): batches of CP_MIN_TOKENS tokens or more, any number of sequences.
+# Where the plan splits nothing (equal lengths filling the GPU) it is the walk with the idle CP launches, 1.09-1.51x
+# the staged walk's best; on one long sequence among short ones 0.34-0.60x at 4-8 value heads and 0.66-1.02x at 16,
+# up to 128 sequences (benchmarks/results/cp-wide-H200.txt); the length mix, which shapes do not show, decides
+# between them, so the tuner measures every length mix and the router keeps CP where it wins on all of them.
 # Registered where one sequence is at most CP_MAX_HEADS pairs. Scratch: 96 KiB a pair and segment past the first.
-CP_MAX_PAIRS, CP_MAX_HEADS, CP_MIN_TOKENS = 64, 16, 1024
+CP_MAX_HEADS, CP_MIN_TOKENS = 16, 1024
 
 _kernels: dict[tuple, nvrtc.Kernel] = {}
 
@@ -183,24 +182,19 @@ def gdn_prefill_gathered_cp(q, k, v, g, beta, initial_state, cu_seqlens, out, sc
                                           run=functools.partial(_cp_walk, segments=segments))
 
 
-def _cp_offered(value_heads: int):
-    """CP for few (sequence, value head) pairs and long batches (CP_MAX_PAIRS, CP_MIN_TOKENS)."""
-    def offered(features: dict, kwargs: dict) -> str | None:
-        pairs = features["num_seqs"] * value_heads
-        if pairs > CP_MAX_PAIRS:
-            return f"{pairs} (sequence, value head) pairs: more than {CP_MAX_PAIRS} fill the GPU without CP"
-        if features["total_seq_len"] < CP_MIN_TOKENS:
-            return f"fewer than {CP_MIN_TOKENS} tokens"
-        return None
-    return offered
+def _cp_offered(features: dict, kwargs: dict) -> str | None:
+    """CP for batches long enough to split (CP_MIN_TOKENS)."""
+    if features["total_seq_len"] < CP_MIN_TOKENS:
+        return f"fewer than {CP_MIN_TOKENS} tokens"
+    return None
 
 
 _CONTEST_V_HEADS = definitions.get("gdn_prefill").const_axes["num_v_heads"]
 variant("gdn_prefill", "cuda_prefill_cp", backend="cuda", archs=("sm90",), requires=walk.REQUIRES,
-        configs=configs(_CONTEST_V_HEADS), supports=_cp_offered(_CONTEST_V_HEADS))(gdn_prefill_cp)
+        configs=configs(_CONTEST_V_HEADS), supports=_cp_offered)(gdn_prefill_cp)
 for _definition, _hv, _fn in ([(pool_prefill_name(hq, hv), hv, gdn_prefill_pool_cp) for hq, hv in PACKED_HEADS.values()]
                               + [(gathered_prefill_name(hq, hv), hv, gdn_prefill_gathered_cp)
                                  for hq, hv in GATHERED_HEADS.values()]):
     if _hv <= CP_MAX_HEADS:  # where one sequence is few enough pairs (not at 32 value heads)
         variant(_definition, "cuda_prefill_cp", backend="cuda", archs=("sm90",), requires=walk.REQUIRES,
-                configs=configs(_hv), supports=_cp_offered(_hv), strided=True)(_fn)
+                configs=configs(_hv), supports=_cp_offered, strided=True)(_fn)
