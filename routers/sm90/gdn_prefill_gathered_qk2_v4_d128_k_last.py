@@ -6,14 +6,14 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-02T15:40:57Z
+# measured    up to 2026-12-03T13:17:00Z
 # workloads   156 (workload-set digest 36aefc59b959ec9a)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   vllm_flashinfer_prefill         cafcd75cbe1a2e72  156/156  1.00x
-#   cuda_prefill_cp.p16             ecb8836f4efaed45  43/44  1.26x  [1 screened out]
-#   cuda_prefill_cp.p4              4faa47a619017c1c  43/44  1.29x  [1 screened out]
-#   cuda_prefill_cp.p8              ee916646fd1ae292  43/44  1.34x  [1 screened out]
+#   cuda_prefill_cp.p16             eb596adefd4e9659  76/76  1.39x
+#   cuda_prefill_cp.p4              f9be450562f57428  76/76  1.34x
+#   cuda_prefill_cp.p8              1222c405df8c1fa9  76/76  1.39x
 #   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  108/149  1.22x  [41 screened out]
 #   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  94/149  1.22x  [55 screened out]
 #   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  101/149  1.23x  [48 screened out]
@@ -48,64 +48,68 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 15.28% mean, 261.34% max;
-#             1.378x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 15.42% mean, 259.90% max;
-#             3.856x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 18.94% mean, 263.80% max;
+#             1.431x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 13.27% mean, 173.50% max;
+#             4.066x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 31 and mean_seq_len <= 30: cuda_prefill_pool_rows.k16c8, 11 workloads, 6.53x (1.49x .. 9.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 1874 and 245 < mean_seq_len <= 640: cuda_prefill_staged.r32s4, 10 workloads, 1.97x (1.26x .. 2.96x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 1874 and mean_seq_len > 640: cuda_prefill_cp.p8, 2 workloads, 1.44x (1.43x .. 1.45x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   2. total_seq_len <= 1874 and 245 < mean_seq_len <= 598: cuda_prefill_staged.r32s4, 10 workloads, 1.97x (1.26x .. 2.96x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 1874 and mean_seq_len > 598: cuda_prefill_cp.p4, 2 workloads, 1.45x (1.42x .. 1.48x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p8
 #   4. num_seqs <= 22 and 30 < mean_seq_len <= 245: cuda_prefill_staged.r32s4, 37 workloads, 3.22x (1.19x .. 5.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   5. 22 < num_seqs <= 35 and 30 < mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   6. num_seqs > 35 and 64 < mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   5. 22 < num_seqs <= 35 and 30 < mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   6. num_seqs > 35 and 64 < mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
 #   7. num_seqs > 45 and 30 < mean_seq_len <= 64: cuda_prefill_staged.r64s4, 6 workloads, 1.13x (1.05x .. 1.21x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
 #   8. 31 < total_seq_len <= 72 and mean_seq_len <= 30: triton_prefill_fused.c16v32, 13 workloads, 5.47x (3.24x .. 7.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
 #   9. total_seq_len > 72 and num_seqs <= 96 and mean_seq_len <= 22: cuda_prefill_staged.r32s4, 26 workloads, 2.00x (1.08x .. 6.11x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   10. total_seq_len > 72 and num_seqs > 96 and mean_seq_len <= 30: cuda_prefill_staged.r64s4, 11 workloads, 1.38x (1.15x .. 1.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   11. 1874 < total_seq_len <= 4096 and 245 < mean_seq_len <= 1448: cuda_prefill_cp.p4, 6 workloads, 1.38x (1.11x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16
-#   12. 1874 < total_seq_len <= 11421 and mean_seq_len > 1448: cuda_prefill_cp.p8, 8 workloads, 1.24x (1.06x .. 1.41x) over vllm_flashinfer_prefill
-#   13. total_seq_len > 4096 and 245 < mean_seq_len <= 1448: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   14. total_seq_len > 11585 and mean_seq_len > 1448: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   11. 1874 < total_seq_len <= 4096 and 245 < mean_seq_len <= 596: cuda_prefill_cp.p16, 6 workloads, 1.75x (1.46x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p8
+#   12. 1874 < total_seq_len <= 13511 and mean_seq_len > 596: cuda_prefill_cp.p8, 12 workloads, 1.31x (1.06x .. 1.73x) over vllm_flashinfer_prefill
+#   13. total_seq_len > 4096 and 245 < mean_seq_len <= 596: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   14. total_seq_len > 13511 and mean_seq_len > 596: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 160 and num_seqs > 10 and mean_seq_len <= 245: cuda_prefill_pool_rows.k8c8, 12 workloads, 6.03x (2.25x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 4096 and 245 < mean_seq_len <= 596: cuda_prefill_staged.r32s4, 16 workloads, 6.08x (3.13x .. 9.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   3. num_seqs <= 10 and mean_seq_len <= 38: cuda_prefill_pool_rows.k8c8, 30 workloads, 7.53x (2.33x .. 14.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   4. num_seqs <= 10 and 38 < mean_seq_len <= 245: cuda_prefill_staged.r64s4, 20 workloads, 6.93x (4.75x .. 10.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   5. 596 < mean_seq_len <= 5792: cuda_prefill_cp.p8, 13 workloads, 4.10x (2.57x .. 6.59x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
-#   6. 5792 < mean_seq_len <= 11608: cuda_prefill_cp.p16, 2 workloads, 2.00x (1.63x .. 2.45x) over vllm_flashinfer_prefill
-#   7. mean_seq_len > 11608: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   8. total_seq_len > 160 and num_seqs > 10 and mean_seq_len <= 209: cuda_prefill_staged.r64s4, 55 workloads, 3.25x (1.33x .. 10.08x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. total_seq_len > 4096 and 245 < mean_seq_len <= 596: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 361 and num_seqs > 14 and mean_seq_len <= 11: cuda_prefill_pool_rows.k8c8, 15 workloads, 5.43x (2.15x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 2464 and num_seqs <= 14 and mean_seq_len <= 39: cuda_prefill_pool_rows.k8c8, 30 workloads, 7.53x (2.33x .. 14.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 2464 and num_seqs <= 14 and mean_seq_len > 39: cuda_prefill_staged.r32s4, 40 workloads, 6.32x (2.54x .. 10.82x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 2464 and num_seqs > 14 and mean_seq_len > 11: cuda_prefill_staged.r64s4, 27 workloads, 4.23x (1.76x .. 10.08x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, flashinfer_direct
+#   5. 361 < total_seq_len <= 2464 and num_seqs > 14 and mean_seq_len <= 11: cuda_prefill_staged.r64s4, 13 workloads, 2.54x (1.64x .. 3.57x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   6. 2464 < total_seq_len <= 11585 and num_seqs <= 1: cuda_prefill_cp.p8, 4 workloads, 3.04x (2.23x .. 4.32x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4
+#   7. total_seq_len > 2464 and 1 < num_seqs <= 22: cuda_prefill_cp.p16, 11 workloads, 3.38x (1.81x .. 5.42x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   8. total_seq_len > 2464 and 22 < num_seqs <= 49: cuda_prefill_staged.r32s4, 4 workloads, 2.34x (1.87x .. 3.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct
+#   9. total_seq_len > 2464 and 49 < num_seqs <= 101: cuda_prefill_cp.p16, 4 workloads, 2.57x (1.57x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len > 2464 and num_seqs > 101: cuda_prefill_staged.r64s4, 6 workloads, 2.10x (1.69x .. 3.29x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   11. total_seq_len > 11585 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 30), 'total_seq_len': (None, 31)}, 'workloads': 11, 'speedup': (1.49, 6.53, 9.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (245, 640), 'total_seq_len': (None, 1874)}, 'workloads': 10, 'speedup': (1.26, 1.97, 2.96), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (640, None), 'total_seq_len': (None, 1874)}, 'workloads': 2, 'speedup': (1.43, 1.44, 1.45), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (245, 598), 'total_seq_len': (None, 1874)}, 'workloads': 10, 'speedup': (1.26, 1.97, 2.96), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (598, None), 'total_seq_len': (None, 1874)}, 'workloads': 2, 'speedup': (1.42, 1.45, 1.48), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8')},
     {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (30, 245), 'num_seqs': (None, 22)}, 'workloads': 37, 'speedup': (1.19, 3.22, 5.63), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (30, 245), 'num_seqs': (22, 35)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (64, 245), 'num_seqs': (35, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (30, 245), 'num_seqs': (22, 35)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (64, 245), 'num_seqs': (35, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
     {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (30, 64), 'num_seqs': (45, None)}, 'workloads': 6, 'speedup': (1.05, 1.13, 1.21), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
     {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 30), 'total_seq_len': (31, 72)}, 'workloads': 13, 'speedup': (3.24, 5.47, 7.31), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (None, 96), 'total_seq_len': (72, None)}, 'workloads': 26, 'speedup': (1.08, 2.0, 6.11), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (96, None), 'total_seq_len': (72, None)}, 'workloads': 11, 'speedup': (1.15, 1.38, 1.5), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 11, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (245, 1448), 'total_seq_len': (1874, 4096)}, 'workloads': 6, 'speedup': (1.11, 1.38, 1.51), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16')},
-    {'region': 12, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1448, None), 'total_seq_len': (1874, 11421)}, 'workloads': 8, 'speedup': (1.06, 1.24, 1.41), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, 1448), 'total_seq_len': (4096, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1448, None), 'total_seq_len': (11585, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 11, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (245, 596), 'total_seq_len': (1874, 4096)}, 'workloads': 6, 'speedup': (1.46, 1.75, 2.64), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8')},
+    {'region': 12, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (596, None), 'total_seq_len': (1874, 13511)}, 'workloads': 12, 'speedup': (1.06, 1.31, 1.73), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, 596), 'total_seq_len': (4096, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (596, None), 'total_seq_len': (13511, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (10, None), 'total_seq_len': (None, 160)}, 'workloads': 12, 'speedup': (2.25, 6.03, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (245, 596), 'total_seq_len': (None, 4096)}, 'workloads': 16, 'speedup': (3.13, 6.08, 9.16), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 38), 'num_seqs': (None, 10)}, 'workloads': 30, 'speedup': (2.33, 7.53, 14.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (38, 245), 'num_seqs': (None, 10)}, 'workloads': 20, 'speedup': (4.75, 6.93, 10.71), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (596, 5792)}, 'workloads': 13, 'speedup': (2.57, 4.1, 6.59), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
-    {'region': 6, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (5792, 11608)}, 'workloads': 2, 'speedup': (1.63, 2.0, 2.45), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11608, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 209), 'num_seqs': (10, None), 'total_seq_len': (160, None)}, 'workloads': 55, 'speedup': (1.33, 3.25, 10.08), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, 596), 'total_seq_len': (4096, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (14, None), 'total_seq_len': (None, 361)}, 'workloads': 15, 'speedup': (2.15, 5.43, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 39), 'num_seqs': (None, 14), 'total_seq_len': (None, 2464)}, 'workloads': 30, 'speedup': (2.33, 7.53, 14.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (39, None), 'num_seqs': (None, 14), 'total_seq_len': (None, 2464)}, 'workloads': 40, 'speedup': (2.54, 6.32, 10.82), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (14, None), 'total_seq_len': (None, 2464)}, 'workloads': 27, 'speedup': (1.76, 4.23, 10.08), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (14, None), 'total_seq_len': (361, 2464)}, 'workloads': 13, 'speedup': (1.64, 2.54, 3.57), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (2464, 11585)}, 'workloads': 4, 'speedup': (2.23, 3.04, 4.32), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'num_seqs': (1, 22), 'total_seq_len': (2464, None)}, 'workloads': 11, 'speedup': (1.81, 3.38, 5.42), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (22, 49), 'total_seq_len': (2464, None)}, 'workloads': 4, 'speedup': (1.87, 2.34, 3.62), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct')},
+    {'region': 9, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'num_seqs': (49, 101), 'total_seq_len': (2464, None)}, 'workloads': 4, 'speedup': (1.57, 2.57, 3.64), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (101, None), 'total_seq_len': (2464, None)}, 'workloads': 6, 'speedup': (1.69, 2.1, 3.29), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -118,20 +122,20 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len <= 31 and mean_seq_len <= 30:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 10 workloads, 1.97x (1.26x .. 2.96x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1874 and 245 < mean_seq_len <= 640:
+    if total_seq_len <= 1874 and 245 < mean_seq_len <= 598:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 3: 2 workloads, 1.44x (1.43x .. 1.45x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1874 and mean_seq_len > 640:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
+    # region 3: 2 workloads, 1.45x (1.42x .. 1.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1874 and mean_seq_len > 598:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
     # region 4: 37 workloads, 3.22x (1.19x .. 5.63x) over vllm_flashinfer_prefill
     if num_seqs <= 22 and 30 < mean_seq_len <= 245:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
     # region 5: 6 workloads, the baseline; its stand-ins where it cannot run here
     if 22 < num_seqs <= 35 and 30 < mean_seq_len <= 245:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     # region 6: 7 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 35 and 64 < mean_seq_len <= 245:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
     # region 7: 6 workloads, 1.13x (1.05x .. 1.21x) over vllm_flashinfer_prefill
     if num_seqs > 45 and 30 < mean_seq_len <= 64:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
@@ -144,17 +148,17 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 10: 11 workloads, 1.38x (1.15x .. 1.50x) over vllm_flashinfer_prefill
     if total_seq_len > 72 and num_seqs > 96 and mean_seq_len <= 30:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 6 workloads, 1.38x (1.11x .. 1.51x) over vllm_flashinfer_prefill
-    if 1874 < total_seq_len <= 4096 and 245 < mean_seq_len <= 1448:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p4'
-    # region 12: 8 workloads, 1.24x (1.06x .. 1.41x) over vllm_flashinfer_prefill
-    if 1874 < total_seq_len <= 11421 and mean_seq_len > 1448:
+    # region 11: 6 workloads, 1.75x (1.46x .. 2.64x) over vllm_flashinfer_prefill
+    if 1874 < total_seq_len <= 4096 and 245 < mean_seq_len <= 596:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
+    # region 12: 12 workloads, 1.31x (1.06x .. 1.73x) over vllm_flashinfer_prefill
+    if 1874 < total_seq_len <= 13511 and mean_seq_len > 596:
         return 'cuda_prefill_cp.p8'
-    # region 13: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4096 and 245 < mean_seq_len <= 1448:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4096 and 245 < mean_seq_len <= 596:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 14: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and mean_seq_len > 1448:
+    if total_seq_len > 13511 and mean_seq_len > 596:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -162,33 +166,39 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 6.03x (2.25x .. 15.34x) over vllm_flashinfer_prefill
-    if total_seq_len <= 160 and num_seqs > 10 and mean_seq_len <= 245:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 16 workloads, 6.08x (3.13x .. 9.16x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4096 and 245 < mean_seq_len <= 596:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 3: 30 workloads, 7.53x (2.33x .. 14.87x) over vllm_flashinfer_prefill
-    if num_seqs <= 10 and mean_seq_len <= 38:
+    # region 1: 15 workloads, 5.43x (2.15x .. 15.34x) over vllm_flashinfer_prefill
+    if total_seq_len <= 361 and num_seqs > 14 and mean_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 30 workloads, 7.53x (2.33x .. 14.87x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2464 and num_seqs <= 14 and mean_seq_len <= 39:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 20 workloads, 6.93x (4.75x .. 10.71x) over vllm_flashinfer_prefill
-    if num_seqs <= 10 and 38 < mean_seq_len <= 245:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 13 workloads, 4.10x (2.57x .. 6.59x) over vllm_flashinfer_prefill
-    if 596 < mean_seq_len <= 5792:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
-    # region 6: 2 workloads, 2.00x (1.63x .. 2.45x) over vllm_flashinfer_prefill
-    if 5792 < mean_seq_len <= 11608:
-        return 'cuda_prefill_cp.p16'
-    # region 7: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if mean_seq_len > 11608:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 55 workloads, 3.25x (1.33x .. 10.08x) over vllm_flashinfer_prefill
-    if total_seq_len > 160 and num_seqs > 10 and mean_seq_len <= 209:
+    # region 3: 40 workloads, 6.32x (2.54x .. 10.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2464 and num_seqs <= 14 and mean_seq_len > 39:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 4: 27 workloads, 4.23x (1.76x .. 10.08x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2464 and num_seqs > 14 and mean_seq_len > 11:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 5: 13 workloads, 2.54x (1.64x .. 3.57x) over vllm_flashinfer_prefill
+    if 361 < total_seq_len <= 2464 and num_seqs > 14 and mean_seq_len <= 11:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 4 workloads, 3.04x (2.23x .. 4.32x) over vllm_flashinfer_prefill
+    if 2464 < total_seq_len <= 11585 and num_seqs <= 1:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 7: 11 workloads, 3.38x (1.81x .. 5.42x) over vllm_flashinfer_prefill
+    if total_seq_len > 2464 and 1 < num_seqs <= 22:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
+    # region 8: 4 workloads, 2.34x (1.87x .. 3.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 2464 and 22 < num_seqs <= 49:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 4 workloads, 2.57x (1.57x .. 3.64x) over vllm_flashinfer_prefill
+    if total_seq_len > 2464 and 49 < num_seqs <= 101:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
+    # region 10: 6 workloads, 2.10x (1.69x .. 3.29x) over vllm_flashinfer_prefill
+    if total_seq_len > 2464 and num_seqs > 101:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4096 and 245 < mean_seq_len <= 596:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and num_seqs <= 1:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -197,164 +207,136 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.45% mean, 77.74% max;
-#             1.497x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.70% mean, 112.48% max;
-#             4.247x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.99% mean, 50.65% max;
+#             1.876x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.89% mean, 112.48% max;
+#             4.529x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 24 and num_seqs <= 21 and 4 < max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.00x (7.49x .. 8.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   2. total_seq_len <= 181 and 21 < num_seqs <= 79 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.77x (1.69x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 181 and 21 < num_seqs <= 79 and 8 < max_seq_len <= 30: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   4. total_seq_len <= 1254 and num_seqs <= 2 and mean_seq_len > 158 and 22 < max_seq_len <= 636: cuda_prefill_staged.r32s4, 6 workloads, 2.05x (1.56x .. 2.67x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64
-#   5. total_seq_len <= 1254 and num_seqs <= 2 and mean_seq_len > 158 and max_seq_len > 636: cuda_prefill_cp.p4, 2 workloads, 1.48x (1.47x .. 1.48x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
-#   6. total_seq_len <= 1254 and num_seqs <= 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.66x (8.27x .. 8.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   7. total_seq_len <= 1254 and num_seqs <= 11 and 16 < max_seq_len <= 22: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
-#   8. total_seq_len <= 1254 and num_seqs <= 21 and mean_seq_len <= 2 and 7 < max_seq_len <= 16: cuda_prefill_pool_rows.k16c8, 1 workloads, 6.80x (6.80x .. 6.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   9. total_seq_len <= 1254 and num_seqs <= 21 and mean_seq_len <= 158 and max_seq_len > 22: cuda_prefill_staged.r32s4, 42 workloads, 3.56x (1.51x .. 5.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 1254 and num_seqs <= 21 and mean_seq_len > 2 and 7 < max_seq_len <= 16: triton_prefill_fused.c16v32, 10 workloads, 6.82x (6.32x .. 7.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   11. total_seq_len <= 1254 and 2 < num_seqs <= 21 and mean_seq_len > 158 and 22 < max_seq_len <= 711: cuda_prefill_staged.r32s4, 2 workloads, 2.58x (2.24x .. 2.96x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v32, cuda_prefill_cp.p16, triton_prefill_chunked.v64
-#   12. total_seq_len <= 1254 and 2 < num_seqs <= 21 and mean_seq_len > 158 and max_seq_len > 711: cuda_prefill_cp.p4, 1 workloads, 1.50x (1.50x .. 1.50x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   13. total_seq_len <= 1254 and 5 < num_seqs <= 21 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 3 workloads, 9.13x (8.78x .. 9.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   14. total_seq_len <= 1254 and 11 < num_seqs <= 21 and 16 < max_seq_len <= 22: cuda_prefill_staged.r32s4, 1 workloads, 6.00x (6.00x .. 6.00x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k2c8
-#   15. total_seq_len <= 1448 and num_seqs > 192 and max_seq_len > 128: cuda_prefill_staged.r64s4, 2 workloads, 1.30x (1.18x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   16. total_seq_len <= 2896 and 79 < num_seqs <= 192 and max_seq_len > 302: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it)
-#   17. total_seq_len <= 5792 and 21 < num_seqs <= 79 and 636 < max_seq_len <= 1888: cuda_prefill_staged.r32s4, 4 workloads, 1.15x (1.13x .. 1.17x) over vllm_flashinfer_prefill
-#   18. total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len <= 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.59x (1.54x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4
-#   19. total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len <= 2 and 8 < max_seq_len <= 128: cuda_prefill_staged.r64s4, 1 workloads, 1.50x (1.50x .. 1.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   20. total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len > 2 and max_seq_len <= 128: cuda_prefill_staged.r64s4, 4 workloads, 1.44x (1.41x .. 1.48x) over vllm_flashinfer_prefill
-#   21. total_seq_len <= 5947 and 79 < num_seqs <= 192 and 128 < max_seq_len <= 302: cuda_prefill_staged.r64s4, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
-#   22. 21 < num_seqs <= 79 and mean_seq_len <= 22 and 30 < max_seq_len <= 126: cuda_prefill_staged.r32s4, 5 workloads, 1.25x (1.15x .. 1.42x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. 21 < num_seqs <= 79 and mean_seq_len <= 45 and 126 < max_seq_len <= 636: cuda_prefill_staged.r32s4, 3 workloads, 1.20x (1.11x .. 1.31x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   24. 21 < num_seqs <= 79 and max_seq_len > 1888: cuda_prefill_staged.r64s4, 2 workloads, 1.07x (1.07x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   25. 21 < num_seqs <= 79 and mean_seq_len > 22 and 30 < max_seq_len <= 126: flashinfer_direct, 5 workloads, 1.10x (1.09x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   26. 21 < num_seqs <= 79 and mean_seq_len > 45 and 126 < max_seq_len <= 636: flashinfer_direct, 4 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
-#   27. 24 < total_seq_len <= 1254 and num_seqs <= 21 and 4 < max_seq_len <= 7: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   28. total_seq_len > 181 and 21 < num_seqs <= 79 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.56x (1.56x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8
-#   29. total_seq_len > 181 and 21 < num_seqs <= 79 and 7 < max_seq_len <= 30: cuda_prefill_staged.r64s4, 5 workloads, 1.22x (1.10x .. 1.27x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
-#   30. 1254 < total_seq_len <= 2896 and 2 < num_seqs <= 21 and mean_seq_len <= 362 and 1336 < max_seq_len <= 1993: cuda_prefill_cp.p8, 2 workloads, 1.38x (1.34x .. 1.43x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p16, cuda_prefill_cp.p4; engine plugins keep the engine's kernel (`hand_back`)
-#   31. 1254 < total_seq_len <= 2912 and 2 < num_seqs <= 21 and max_seq_len <= 1091: cuda_prefill_staged.r32s4, 8 workloads, 3.16x (1.76x .. 4.81x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   32. 1254 < total_seq_len <= 5792 and num_seqs <= 2: cuda_prefill_cp.p8, 5 workloads, 1.39x (1.30x .. 1.45x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
-#   33. 1254 < total_seq_len <= 5792 and 2 < num_seqs <= 21 and 362 < mean_seq_len <= 596 and 1336 < max_seq_len <= 5267: cuda_prefill_cp.p8, 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p4, cuda_prefill_cp.p16; engine plugins keep the engine's kernel (`hand_back`)
-#   34. total_seq_len > 1254 and 2 < num_seqs <= 5 and mean_seq_len > 596 and 1336 < max_seq_len <= 5267: cuda_prefill_cp.p4, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   35. total_seq_len > 1254 and 2 < num_seqs <= 21 and mean_seq_len <= 362 and 1993 < max_seq_len <= 5267: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p16, cuda_prefill_cp.p4; engine plugins keep the engine's kernel (`hand_back`)
-#   36. total_seq_len > 1254 and 2 < num_seqs <= 21 and mean_seq_len <= 1448 and 5267 < max_seq_len <= 11024: cuda_prefill_cp.p16, 2 workloads, 1.17x (1.14x .. 1.20x) over vllm_flashinfer_prefill
-#   37. total_seq_len > 1254 and 2 < num_seqs <= 21 and mean_seq_len <= 2896 and max_seq_len > 11024: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it)
-#   38. total_seq_len > 1254 and 2 < num_seqs <= 21 and 1091 < max_seq_len <= 1336: flashinfer_direct, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   39. total_seq_len > 1254 and 2 < num_seqs <= 21 and mean_seq_len > 1448 and 5267 < max_seq_len <= 11024: cuda_prefill_cp.p8, 2 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   40. total_seq_len > 1254 and 2 < num_seqs <= 21 and mean_seq_len > 2896 and max_seq_len > 11024: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, vllm_flashinfer_prefill.cp_off
-#   41. total_seq_len > 1254 and 5 < num_seqs <= 11 and mean_seq_len > 596 and 1336 < max_seq_len <= 2000: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p4, cuda_prefill_cp.p8; engine plugins keep the engine's kernel (`hand_back`)
-#   42. total_seq_len > 1254 and 5 < num_seqs <= 11 and mean_seq_len > 596 and 2000 < max_seq_len <= 5267: cuda_prefill_staged.r32s4, 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p4; engine plugins keep the engine's kernel (`hand_back`)
-#   43. total_seq_len > 1254 and 11 < num_seqs <= 21 and mean_seq_len > 596 and 1336 < max_seq_len <= 5267: cuda_prefill_staged.r64s4, 1 workloads, 1.77x (1.77x .. 1.77x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p8; engine plugins keep the engine's kernel (`hand_back`)
-#   44. total_seq_len > 1448 and num_seqs > 192 and max_seq_len > 128: cuda_prefill_staged.r64s4, 3 workloads, 1.10x (1.04x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   45. total_seq_len > 2896 and 2 < num_seqs <= 21 and mean_seq_len <= 362 and 1336 < max_seq_len <= 1993: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_cp.p8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p4, cuda_prefill_cp.p16; engine plugins keep the engine's kernel (`hand_back`)
-#   46. total_seq_len > 2896 and 79 < num_seqs <= 192 and 302 < max_seq_len <= 11024: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   47. total_seq_len > 2896 and 79 < num_seqs <= 192 and max_seq_len > 11024: cuda_prefill_staged.r64s4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
-#   48. total_seq_len > 2912 and 2 < num_seqs <= 21 and max_seq_len <= 1091: flashinfer_direct, 2 workloads, 2.72x (2.05x .. 3.61x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   49. 5792 < total_seq_len <= 11585 and num_seqs <= 2: cuda_prefill_cp.p8, 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p16; engine plugins keep the engine's kernel (`hand_back`)
-#   50. 5792 < total_seq_len <= 11585 and 21 < num_seqs <= 79 and 636 < max_seq_len <= 1888: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   51. total_seq_len > 5792 and 2 < num_seqs <= 21 and 362 < mean_seq_len <= 596 and 1336 < max_seq_len <= 5267: cuda_prefill_staged.r64s4, 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p4, cuda_prefill_cp.p8; engine plugins keep the engine's kernel (`hand_back`)
-#   52. total_seq_len > 5792 and 79 < num_seqs <= 181 and mean_seq_len > 45 and max_seq_len <= 128: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   53. total_seq_len > 5792 and num_seqs > 79 and mean_seq_len <= 45 and max_seq_len <= 70: cuda_prefill_staged.r64s4, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill
-#   54. total_seq_len > 5792 and num_seqs > 79 and mean_seq_len <= 45 and 70 < max_seq_len <= 128: vllm_flashinfer_prefill (baseline), 0 workloads
-#   55. total_seq_len > 5792 and num_seqs > 181 and mean_seq_len > 45 and max_seq_len <= 128: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
-#   56. total_seq_len > 5947 and 79 < num_seqs <= 192 and 128 < max_seq_len <= 302: vllm_flashinfer_prefill (baseline), 0 workloads
-#   57. total_seq_len > 11585 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   58. total_seq_len > 11585 and 21 < num_seqs <= 79 and 636 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   59. total_seq_len > 11585 and 21 < num_seqs <= 79 and 962 < max_seq_len <= 1888: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 24 and num_seqs <= 31 and 4 < max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.00x (7.49x .. 8.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   2. total_seq_len <= 181 and 31 < num_seqs <= 79 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.74x (1.69x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 181 and 31 < num_seqs <= 79 and 8 < max_seq_len <= 30: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   4. total_seq_len <= 1448 and num_seqs > 181 and 273 < max_seq_len <= 962: cuda_prefill_staged.r32s4, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   5. total_seq_len <= 2896 and 79 < num_seqs <= 181 and 273 < max_seq_len <= 711: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4
+#   6. total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len <= 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.59x (1.54x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4
+#   7. total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len <= 2 and 8 < max_seq_len <= 273: cuda_prefill_staged.r64s4, 2 workloads, 1.47x (1.44x .. 1.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   8. total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len > 2 and max_seq_len <= 273: cuda_prefill_staged.r64s4, 4 workloads, 1.44x (1.41x .. 1.48x) over vllm_flashinfer_prefill
+#   9. total_seq_len <= 5792 and num_seqs <= 22 and 636 < max_seq_len <= 1091: cuda_prefill_cp.p8, 6 workloads, 1.64x (1.48x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4
+#   10. total_seq_len <= 5792 and 22 < num_seqs <= 79 and mean_seq_len <= 22 and 636 < max_seq_len <= 898: cuda_prefill_staged.r32s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 5792 and 22 < num_seqs <= 79 and max_seq_len > 898: cuda_prefill_cp.p16, 3 workloads, 1.37x (1.13x .. 1.63x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   12. total_seq_len <= 5792 and 22 < num_seqs <= 79 and mean_seq_len > 22 and 636 < max_seq_len <= 898: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len <= 5792 and 79 < num_seqs <= 181 and 711 < max_seq_len <= 1336: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it)
+#   14. total_seq_len <= 11585 and num_seqs <= 11 and max_seq_len > 6968: cuda_prefill_cp.p8, 3 workloads, 1.18x (1.06x .. 1.34x) over vllm_flashinfer_prefill
+#   15. total_seq_len <= 11585 and 11 < num_seqs <= 22 and max_seq_len > 6968: cuda_prefill_cp.p16, 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   16. total_seq_len <= 11585 and num_seqs > 181 and 962 < max_seq_len <= 1336: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it)
+#   17. total_seq_len <= 23170 and num_seqs <= 22 and 1091 < max_seq_len <= 6968: cuda_prefill_cp.p8, 14 workloads, 1.43x (1.11x .. 1.84x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16
+#   18. num_seqs <= 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.66x (8.27x .. 8.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   19. num_seqs <= 31 and mean_seq_len <= 2 and 7 < max_seq_len <= 22: cuda_prefill_pool_rows.k16c8, 1 workloads, 6.80x (6.80x .. 6.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   20. num_seqs <= 31 and 22 < max_seq_len <= 636: cuda_prefill_staged.r32s4, 57 workloads, 3.33x (1.18x .. 5.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. num_seqs <= 31 and mean_seq_len > 2 and 7 < max_seq_len <= 22: triton_prefill_fused.c16v32, 11 workloads, 6.74x (5.97x .. 7.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   22. 5 < num_seqs <= 31 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 4 workloads, 5.96x (1.66x .. 9.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   23. 31 < num_seqs <= 79 and mean_seq_len <= 22 and 30 < max_seq_len <= 126: cuda_prefill_staged.r32s4, 4 workloads, 1.27x (1.15x .. 1.42x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   24. 31 < num_seqs <= 79 and mean_seq_len <= 45 and 126 < max_seq_len <= 636: cuda_prefill_staged.r32s4, 3 workloads, 1.20x (1.11x .. 1.31x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   25. 31 < num_seqs <= 79 and mean_seq_len > 22 and 30 < max_seq_len <= 126: flashinfer_direct, 5 workloads, 1.10x (1.09x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   26. 31 < num_seqs <= 79 and mean_seq_len > 45 and 126 < max_seq_len <= 636: flashinfer_direct, 4 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
+#   27. num_seqs > 79 and max_seq_len > 1336: cuda_prefill_cp.p16, 3 workloads, 2.09x (1.17x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   28. total_seq_len > 24 and num_seqs <= 31 and 4 < max_seq_len <= 7: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   29. total_seq_len > 181 and 31 < num_seqs <= 79 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.56x (1.56x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8
+#   30. total_seq_len > 181 and 31 < num_seqs <= 79 and 7 < max_seq_len <= 30: cuda_prefill_staged.r64s4, 5 workloads, 1.22x (1.10x .. 1.27x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
+#   31. total_seq_len > 1448 and num_seqs > 181 and 273 < max_seq_len <= 962: vllm_flashinfer_prefill (baseline), 0 workloads
+#   32. 2896 < total_seq_len <= 5947 and num_seqs > 79 and mean_seq_len > 21 and 126 < max_seq_len <= 273: cuda_prefill_staged.r64s4, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+#   33. total_seq_len > 2896 and 79 < num_seqs <= 181 and 273 < max_seq_len <= 711: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   34. total_seq_len > 2896 and 79 < num_seqs <= 181 and mean_seq_len > 21 and max_seq_len <= 126: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   35. total_seq_len > 2896 and num_seqs > 79 and mean_seq_len <= 21 and max_seq_len <= 140: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   36. total_seq_len > 2896 and num_seqs > 79 and mean_seq_len <= 21 and 140 < max_seq_len <= 273: vllm_flashinfer_prefill (baseline), 0 workloads
+#   37. total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 21 and max_seq_len <= 126: cuda_prefill_staged.r64s4, 1 workloads, 1.19x (1.19x .. 1.19x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
+#   38. 5792 < total_seq_len <= 11585 and 22 < num_seqs <= 79 and 636 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   39. 5792 < total_seq_len <= 11585 and 22 < num_seqs <= 79 and max_seq_len > 762: cuda_prefill_cp.p16, 2 workloads, 3.00x (2.89x .. 3.10x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   40. total_seq_len > 5792 and num_seqs <= 22 and 636 < max_seq_len <= 1091: flashinfer_direct, 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4
+#   41. total_seq_len > 5792 and 79 < num_seqs <= 181 and 711 < max_seq_len <= 1336: vllm_flashinfer_prefill (baseline), 0 workloads
+#   42. total_seq_len > 5947 and num_seqs > 79 and mean_seq_len > 21 and 126 < max_seq_len <= 273: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
+#   43. total_seq_len > 11585 and num_seqs <= 22 and mean_seq_len <= 5792 and max_seq_len > 6968: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it)
+#   44. total_seq_len > 11585 and num_seqs <= 22 and mean_seq_len > 5792 and max_seq_len > 6968: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   45. total_seq_len > 11585 and 22 < num_seqs <= 79 and 636 < max_seq_len <= 1812: vllm_flashinfer_prefill (baseline), 0 workloads
+#   46. total_seq_len > 11585 and 22 < num_seqs <= 79 and max_seq_len > 1812: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it)
+#   47. total_seq_len > 11585 and num_seqs > 181 and 962 < max_seq_len <= 1336: vllm_flashinfer_prefill (baseline), 0 workloads
+#   48. total_seq_len > 23170 and num_seqs <= 22 and 1091 < max_seq_len <= 6968: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 45 and num_seqs <= 21 and 18 < max_seq_len <= 41: cuda_prefill_staged.r64s4, 3 workloads, 9.11x (8.84x .. 9.57x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 362 and num_seqs > 21 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.52x (2.37x .. 6.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   3. total_seq_len <= 362 and num_seqs > 21 and 5 < max_seq_len <= 9: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.75x (2.75x .. 2.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
 #   4. total_seq_len <= 362 and num_seqs > 21 and 9 < max_seq_len <= 30: cuda_prefill_pool_rows.k8c8, 1 workloads, 3.36x (3.36x .. 3.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 2896 and 3 < num_seqs <= 11 and 1023 < max_seq_len <= 1914: cuda_prefill_staged.r32s4, 3 workloads, 4.78x (3.13x .. 6.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 16627 and 45 < num_seqs <= 90 and max_seq_len > 5267: cuda_prefill_staged.r32s4, 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   7. total_seq_len <= 16627 and num_seqs > 90 and max_seq_len > 5267: cuda_prefill_staged.r64s4, 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. num_seqs <= 3 and mean_seq_len <= 23170 and max_seq_len > 5792: cuda_prefill_cp.p16, 3 workloads, 1.86x (1.61x .. 2.45x) over vllm_flashinfer_prefill
-#   9. num_seqs <= 3 and 1023 < max_seq_len <= 5792: cuda_prefill_cp.p8, 6 workloads, 4.69x (2.62x .. 6.59x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
-#   10. num_seqs <= 3 and mean_seq_len > 23170 and max_seq_len > 5792: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
-#   11. num_seqs <= 5 and mean_seq_len > 176 and 41 < max_seq_len <= 1023: cuda_prefill_staged.r32s4, 12 workloads, 6.49x (5.11x .. 9.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   12. num_seqs <= 21 and mean_seq_len <= 2 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 3 workloads, 11.81x (9.42x .. 15.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. num_seqs <= 21 and mean_seq_len <= 2 and 4 < max_seq_len <= 18: cuda_prefill_pool_rows.k8c8, 2 workloads, 9.01x (8.88x .. 9.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   14. num_seqs <= 21 and mean_seq_len <= 176 and 41 < max_seq_len <= 357: cuda_prefill_staged.r64s4, 30 workloads, 6.42x (2.40x .. 10.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   15. num_seqs <= 21 and mean_seq_len <= 176 and 357 < max_seq_len <= 1023: cuda_prefill_staged.r32s4, 7 workloads, 6.42x (4.53x .. 8.67x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   16. num_seqs <= 21 and mean_seq_len > 2 and max_seq_len <= 18: cuda_prefill_pool_rows.k8c8, 15 workloads, 9.09x (5.40x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 3 < num_seqs <= 11 and 1914 < max_seq_len <= 4094: flashinfer_direct, 2 workloads, 2.48x (2.35x .. 2.62x) over vllm_flashinfer_prefill; then triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   18. 3 < num_seqs <= 11 and 4094 < max_seq_len <= 5267: vllm_flashinfer_prefill (baseline), 0 workloads
-#   19. 3 < num_seqs <= 22 and max_seq_len > 5267: cuda_prefill_cp.p16, 4 workloads, 3.97x (3.18x .. 5.35x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   20. 5 < num_seqs <= 21 and mean_seq_len > 176 and 41 < max_seq_len <= 1023: cuda_prefill_staged.r64s4, 4 workloads, 7.13x (5.77x .. 8.19x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. 11 < num_seqs <= 45 and 1023 < max_seq_len <= 2024: cuda_prefill_staged.r32s4, 4 workloads, 2.99x (2.36x .. 3.52x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_staged.c16v32
-#   22. 11 < num_seqs <= 45 and 2024 < max_seq_len <= 5267: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   23. num_seqs > 21 and 30 < max_seq_len <= 1023: cuda_prefill_staged.r64s4, 29 workloads, 2.85x (1.64x .. 5.11x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   24. 22 < num_seqs <= 45 and max_seq_len > 5267: cuda_prefill_staged.r32s4, 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4, triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
-#   25. 45 < num_seqs <= 90 and 1023 < max_seq_len <= 5267: cuda_prefill_staged.r32s4, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   26. num_seqs > 90 and 1023 < max_seq_len <= 5267: cuda_prefill_staged.r64s4, 1 workloads, 2.87x (2.87x .. 2.87x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 45 and num_seqs <= 21 and 18 < max_seq_len <= 41: cuda_prefill_pool_rows.k8c8, 6 workloads, 8.57x (5.39x .. 12.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   28. total_seq_len > 362 and num_seqs > 21 and mean_seq_len <= 11 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.95x (2.20x .. 4.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   29. total_seq_len > 362 and num_seqs > 21 and mean_seq_len > 11 and max_seq_len <= 30: cuda_prefill_staged.r64s4, 2 workloads, 3.83x (3.30x .. 4.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   30. total_seq_len > 2896 and 3 < num_seqs <= 11 and 1023 < max_seq_len <= 1914: triton_prefill_staged.c16v32, 1 workloads, 3.35x (3.35x .. 3.35x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   31. total_seq_len > 16627 and num_seqs > 45 and 5267 < max_seq_len <= 15591: cuda_prefill_staged.r64s4, 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   32. total_seq_len > 16627 and num_seqs > 45 and max_seq_len > 15591: vllm_flashinfer_prefill (baseline), 0 workloads
+#   5. total_seq_len <= 1299 and num_seqs <= 21 and mean_seq_len > 176 and 41 < max_seq_len <= 283: cuda_prefill_staged.r32s4, 3 workloads, 6.25x (5.72x .. 6.79x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 2896 and num_seqs <= 11 and 1023 < max_seq_len <= 2024: cuda_prefill_staged.r32s4, 5 workloads, 5.21x (3.13x .. 6.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 2896 and num_seqs <= 21 and mean_seq_len > 176 and 283 < max_seq_len <= 1023: cuda_prefill_staged.r32s4, 10 workloads, 6.60x (5.11x .. 9.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 2896 and 22 < num_seqs <= 90 and 1023 < max_seq_len <= 2024: cuda_prefill_staged.r32s4, 2 workloads, 2.08x (1.83x .. 2.36x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32
+#   9. total_seq_len <= 11585 and num_seqs > 90 and 1023 < max_seq_len <= 2024: cuda_prefill_staged.r64s4, 1 workloads, 2.87x (2.87x .. 2.87x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   10. num_seqs <= 21 and mean_seq_len <= 2 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 3 workloads, 11.81x (9.42x .. 15.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. num_seqs <= 21 and mean_seq_len <= 2 and 4 < max_seq_len <= 18: cuda_prefill_pool_rows.k8c8, 2 workloads, 9.01x (8.88x .. 9.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   12. num_seqs <= 21 and mean_seq_len <= 176 and 41 < max_seq_len <= 357: cuda_prefill_staged.r64s4, 30 workloads, 6.42x (2.40x .. 10.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   13. num_seqs <= 21 and mean_seq_len <= 176 and 357 < max_seq_len <= 1023: cuda_prefill_staged.r32s4, 7 workloads, 6.42x (4.53x .. 8.67x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   14. num_seqs <= 21 and mean_seq_len > 2 and max_seq_len <= 18: cuda_prefill_pool_rows.k8c8, 15 workloads, 9.09x (5.40x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   15. mean_seq_len <= 23170 and max_seq_len > 2024: cuda_prefill_cp.p16, 17 workloads, 3.06x (1.46x .. 5.30x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   16. mean_seq_len > 23170 and max_seq_len > 2024: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   17. 11 < num_seqs <= 22 and 1023 < max_seq_len <= 2024: cuda_prefill_staged.r32s4, 3 workloads, 3.23x (2.82x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   18. num_seqs > 21 and 30 < max_seq_len <= 1023: cuda_prefill_staged.r64s4, 29 workloads, 2.85x (1.64x .. 5.11x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   19. total_seq_len > 45 and num_seqs <= 21 and 18 < max_seq_len <= 41: cuda_prefill_pool_rows.k8c8, 6 workloads, 8.57x (5.39x .. 12.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. total_seq_len > 362 and num_seqs > 21 and mean_seq_len <= 11 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.95x (2.20x .. 4.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
+#   21. total_seq_len > 362 and num_seqs > 21 and mean_seq_len > 11 and max_seq_len <= 30: cuda_prefill_staged.r64s4, 2 workloads, 3.83x (3.30x .. 4.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   22. total_seq_len > 1299 and num_seqs <= 21 and mean_seq_len > 176 and 41 < max_seq_len <= 283: cuda_prefill_staged.r64s4, 2 workloads, 6.88x (5.77x .. 8.19x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   23. total_seq_len > 2896 and num_seqs <= 11 and 1023 < max_seq_len <= 2024: cuda_prefill_cp.p8, 1 workloads, 2.65x (2.65x .. 2.65x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 2896 and num_seqs <= 21 and mean_seq_len > 176 and 283 < max_seq_len <= 1023: cuda_prefill_staged.r64s4, 1 workloads, 8.13x (8.13x .. 8.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 2896 and 22 < num_seqs <= 90 and 1023 < max_seq_len <= 2024: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len > 11585 and num_seqs > 90 and 1023 < max_seq_len <= 2024: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 7), 'num_seqs': (None, 21), 'total_seq_len': (None, 24)}, 'workloads': 3, 'speedup': (7.49, 8.0, 8.85), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (21, 79), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (1.69, 1.77, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (8, 30), 'num_seqs': (21, 79), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (22, 636), 'mean_seq_len': (158, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 1254)}, 'workloads': 6, 'speedup': (1.56, 2.05, 2.67), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (636, None), 'mean_seq_len': (158, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 1254)}, 'workloads': 2, 'speedup': (1.47, 1.48, 1.48), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 5), 'total_seq_len': (None, 1254)}, 'workloads': 3, 'speedup': (8.27, 8.66, 8.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (16, 22), 'num_seqs': (None, 11), 'total_seq_len': (None, 1254)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 16), 'mean_seq_len': (None, 2), 'num_seqs': (None, 21), 'total_seq_len': (None, 1254)}, 'workloads': 1, 'speedup': (6.8, 6.8, 6.8), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (None, 158), 'num_seqs': (None, 21), 'total_seq_len': (None, 1254)}, 'workloads': 42, 'speedup': (1.51, 3.56, 5.63), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 16), 'mean_seq_len': (2, None), 'num_seqs': (None, 21), 'total_seq_len': (None, 1254)}, 'workloads': 10, 'speedup': (6.32, 6.82, 7.31), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (22, 711), 'mean_seq_len': (158, None), 'num_seqs': (2, 21), 'total_seq_len': (None, 1254)}, 'workloads': 2, 'speedup': (2.24, 2.58, 2.96), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'cuda_prefill_cp.p16', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (711, None), 'mean_seq_len': (158, None), 'num_seqs': (2, 21), 'total_seq_len': (None, 1254)}, 'workloads': 1, 'speedup': (1.5, 1.5, 1.5), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (5, 21), 'total_seq_len': (None, 1254)}, 'workloads': 3, 'speedup': (8.78, 9.13, 9.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (16, 22), 'num_seqs': (11, 21), 'total_seq_len': (None, 1254)}, 'workloads': 1, 'speedup': (6.0, 6.0, 6.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (128, None), 'num_seqs': (192, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.18, 1.3, 1.44), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (302, None), 'num_seqs': (79, 192), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (636, 1888), 'num_seqs': (21, 79), 'total_seq_len': (None, 5792)}, 'workloads': 4, 'speedup': (1.13, 1.15, 1.17), 'fallbacks': ()},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 2), 'num_seqs': (79, None), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.54, 1.59, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 128), 'mean_seq_len': (None, 2), 'num_seqs': (79, None), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.5, 1.5, 1.5), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 128), 'mean_seq_len': (2, None), 'num_seqs': (79, None), 'total_seq_len': (None, 5792)}, 'workloads': 4, 'speedup': (1.41, 1.44, 1.48), 'fallbacks': ()},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (128, 302), 'num_seqs': (79, 192), 'total_seq_len': (None, 5947)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ()},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (30, 126), 'mean_seq_len': (None, 22), 'num_seqs': (21, 79)}, 'workloads': 5, 'speedup': (1.15, 1.25, 1.42), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (126, 636), 'mean_seq_len': (None, 45), 'num_seqs': (21, 79)}, 'workloads': 3, 'speedup': (1.11, 1.2, 1.31), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1888, None), 'num_seqs': (21, 79)}, 'workloads': 2, 'speedup': (1.07, 1.07, 1.08), 'fallbacks': (), 'hand_back': True},
-    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (30, 126), 'mean_seq_len': (22, None), 'num_seqs': (21, 79)}, 'workloads': 5, 'speedup': (1.09, 1.1, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (126, 636), 'mean_seq_len': (45, None), 'num_seqs': (21, 79)}, 'workloads': 4, 'speedup': (1.03, 1.05, 1.07), 'fallbacks': ()},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 7), 'num_seqs': (None, 21), 'total_seq_len': (24, 1254)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (21, 79), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.56, 1.56, 1.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7, 30), 'num_seqs': (21, 79), 'total_seq_len': (181, None)}, 'workloads': 5, 'speedup': (1.1, 1.22, 1.27), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
-    {'region': 30, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1336, 1993), 'mean_seq_len': (None, 362), 'num_seqs': (2, 21), 'total_seq_len': (1254, 2896)}, 'workloads': 2, 'speedup': (1.34, 1.38, 1.43), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4'), 'hand_back': True},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 1091), 'num_seqs': (2, 21), 'total_seq_len': (1254, 2912)}, 'workloads': 8, 'speedup': (1.76, 3.16, 4.81), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 32, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (1254, 5792)}, 'workloads': 5, 'speedup': (1.3, 1.39, 1.45), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
-    {'region': 33, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1336, 5267), 'mean_seq_len': (362, 596), 'num_seqs': (2, 21), 'total_seq_len': (1254, 5792)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16'), 'hand_back': True},
-    {'region': 34, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1336, 5267), 'mean_seq_len': (596, None), 'num_seqs': (2, 5), 'total_seq_len': (1254, None)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': (), 'hand_back': True},
-    {'region': 35, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1993, 5267), 'mean_seq_len': (None, 362), 'num_seqs': (2, 21), 'total_seq_len': (1254, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4'), 'hand_back': True},
-    {'region': 36, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (5267, 11024), 'mean_seq_len': (None, 1448), 'num_seqs': (2, 21), 'total_seq_len': (1254, None)}, 'workloads': 2, 'speedup': (1.14, 1.17, 1.2), 'fallbacks': ()},
-    {'region': 37, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (11024, None), 'mean_seq_len': (None, 2896), 'num_seqs': (2, 21), 'total_seq_len': (1254, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1091, 1336), 'num_seqs': (2, 21), 'total_seq_len': (1254, None)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 39, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (5267, 11024), 'mean_seq_len': (1448, None), 'num_seqs': (2, 21), 'total_seq_len': (1254, None)}, 'workloads': 2, 'speedup': (1.14, 1.14, 1.14), 'fallbacks': (), 'hand_back': True},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11024, None), 'mean_seq_len': (2896, None), 'num_seqs': (2, 21), 'total_seq_len': (1254, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 41, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1336, 2000), 'mean_seq_len': (596, None), 'num_seqs': (5, 11), 'total_seq_len': (1254, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8'), 'hand_back': True},
-    {'region': 42, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2000, 5267), 'mean_seq_len': (596, None), 'num_seqs': (5, 11), 'total_seq_len': (1254, None)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4'), 'hand_back': True},
-    {'region': 43, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1336, 5267), 'mean_seq_len': (596, None), 'num_seqs': (11, 21), 'total_seq_len': (1254, None)}, 'workloads': 1, 'speedup': (1.77, 1.77, 1.77), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8'), 'hand_back': True},
-    {'region': 44, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (128, None), 'num_seqs': (192, None), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.04, 1.1, 1.16), 'fallbacks': (), 'hand_back': True},
-    {'region': 45, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1336, 1993), 'mean_seq_len': (None, 362), 'num_seqs': (2, 21), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16'), 'hand_back': True},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (302, 11024), 'num_seqs': (79, 192), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 47, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11024, None), 'num_seqs': (79, 192), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ('cuda_prefill_staged.r32s4',), 'hand_back': True},
-    {'region': 48, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1091), 'num_seqs': (2, 21), 'total_seq_len': (2912, None)}, 'workloads': 2, 'speedup': (2.05, 2.72, 3.61), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 49, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (5792, 11585)}, 'workloads': 1, 'speedup': (1.11, 1.11, 1.11), 'fallbacks': ('cuda_prefill_cp.p16',), 'hand_back': True},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 1888), 'num_seqs': (21, 79), 'total_seq_len': (5792, 11585)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 51, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1336, 5267), 'mean_seq_len': (362, 596), 'num_seqs': (2, 21), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.6, 1.6, 1.6), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8'), 'hand_back': True},
-    {'region': 52, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 128), 'mean_seq_len': (45, None), 'num_seqs': (79, 181), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 53, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 70), 'mean_seq_len': (None, 45), 'num_seqs': (79, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': ()},
-    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, 128), 'mean_seq_len': (None, 45), 'num_seqs': (79, None), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 128), 'mean_seq_len': (45, None), 'num_seqs': (181, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
-    {'region': 56, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (128, 302), 'num_seqs': (79, 192), 'total_seq_len': (5947, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 58, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (636, 962), 'num_seqs': (21, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 59, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, 1888), 'num_seqs': (21, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 7), 'num_seqs': (None, 31), 'total_seq_len': (None, 24)}, 'workloads': 3, 'speedup': (7.49, 8.0, 8.85), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (31, 79), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.69, 1.74, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (8, 30), 'num_seqs': (31, 79), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (273, 962), 'num_seqs': (181, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (273, 711), 'num_seqs': (79, 181), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 2), 'num_seqs': (79, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.54, 1.59, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 273), 'mean_seq_len': (None, 2), 'num_seqs': (79, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.44, 1.47, 1.5), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 273), 'mean_seq_len': (2, None), 'num_seqs': (79, None), 'total_seq_len': (None, 2896)}, 'workloads': 4, 'speedup': (1.41, 1.44, 1.48), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (636, 1091), 'num_seqs': (None, 22), 'total_seq_len': (None, 5792)}, 'workloads': 6, 'speedup': (1.48, 1.64, 1.96), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (636, 898), 'mean_seq_len': (None, 22), 'num_seqs': (22, 79), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (22, 79), 'total_seq_len': (None, 5792)}, 'workloads': 3, 'speedup': (1.13, 1.37, 1.63), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 12, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (636, 898), 'mean_seq_len': (22, None), 'num_seqs': (22, 79), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (711, 1336), 'num_seqs': (79, 181), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (6968, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 11585)}, 'workloads': 3, 'speedup': (1.06, 1.18, 1.34), 'fallbacks': ()},
+    {'region': 15, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (6968, None), 'num_seqs': (11, 22), 'total_seq_len': (None, 11585)}, 'workloads': 1, 'speedup': (1.41, 1.41, 1.41), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 16, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (962, 1336), 'num_seqs': (181, None), 'total_seq_len': (None, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 17, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1091, 6968), 'num_seqs': (None, 22), 'total_seq_len': (None, 23170)}, 'workloads': 14, 'speedup': (1.11, 1.43, 1.84), 'fallbacks': ('cuda_prefill_cp.p16',)},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 5)}, 'workloads': 3, 'speedup': (8.27, 8.66, 8.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 22), 'mean_seq_len': (None, 2), 'num_seqs': (None, 31)}, 'workloads': 1, 'speedup': (6.8, 6.8, 6.8), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (22, 636), 'num_seqs': (None, 31)}, 'workloads': 57, 'speedup': (1.18, 3.33, 5.63), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 22), 'mean_seq_len': (2, None), 'num_seqs': (None, 31)}, 'workloads': 11, 'speedup': (5.97, 6.74, 7.31), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (5, 31)}, 'workloads': 4, 'speedup': (1.66, 5.96, 9.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (30, 126), 'mean_seq_len': (None, 22), 'num_seqs': (31, 79)}, 'workloads': 4, 'speedup': (1.15, 1.27, 1.42), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (126, 636), 'mean_seq_len': (None, 45), 'num_seqs': (31, 79)}, 'workloads': 3, 'speedup': (1.11, 1.2, 1.31), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (30, 126), 'mean_seq_len': (22, None), 'num_seqs': (31, 79)}, 'workloads': 5, 'speedup': (1.09, 1.1, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (126, 636), 'mean_seq_len': (45, None), 'num_seqs': (31, 79)}, 'workloads': 4, 'speedup': (1.03, 1.05, 1.07), 'fallbacks': ()},
+    {'region': 27, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1336, None), 'num_seqs': (79, None)}, 'workloads': 3, 'speedup': (1.17, 2.09, 3.64), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 7), 'num_seqs': (None, 31), 'total_seq_len': (24, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (31, 79), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.56, 1.56, 1.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7, 30), 'num_seqs': (31, 79), 'total_seq_len': (181, None)}, 'workloads': 5, 'speedup': (1.1, 1.22, 1.27), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (273, 962), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (126, 273), 'mean_seq_len': (21, None), 'num_seqs': (79, None), 'total_seq_len': (2896, 5947)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (273, 711), 'num_seqs': (79, 181), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 126), 'mean_seq_len': (21, None), 'num_seqs': (79, 181), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 140), 'mean_seq_len': (None, 21), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (140, 273), 'mean_seq_len': (None, 21), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 126), 'mean_seq_len': (21, None), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.19, 1.19, 1.19), 'fallbacks': ('cuda_prefill_staged.r32s4',), 'hand_back': True},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 762), 'num_seqs': (22, 79), 'total_seq_len': (5792, 11585)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 39, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (762, None), 'num_seqs': (22, 79), 'total_seq_len': (5792, 11585)}, 'workloads': 2, 'speedup': (2.89, 3.0, 3.1), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (636, 1091), 'num_seqs': (None, 22), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (2.05, 2.05, 2.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 1336), 'num_seqs': (79, 181), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (126, 273), 'mean_seq_len': (21, None), 'num_seqs': (79, None), 'total_seq_len': (5947, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
+    {'region': 43, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (6968, None), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 22), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (6968, None), 'mean_seq_len': (5792, None), 'num_seqs': (None, 22), 'total_seq_len': (11585, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 1812), 'num_seqs': (22, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 46, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1812, None), 'num_seqs': (22, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, 1336), 'num_seqs': (181, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1091, 6968), 'num_seqs': (None, 22), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -362,34 +344,28 @@ REGIONS_HINTED_EAGER = (
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (21, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (2.37, 4.52, 6.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (5, 9), 'num_seqs': (21, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (2.75, 2.75, 2.75), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (9, 30), 'num_seqs': (21, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (3.36, 3.36, 3.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, 1914), 'num_seqs': (3, 11), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (3.13, 4.78, 6.39), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (45, 90), 'total_seq_len': (None, 16627)}, 'workloads': 1, 'speedup': (2.03, 2.03, 2.03), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (90, None), 'total_seq_len': (None, 16627)}, 'workloads': 1, 'speedup': (1.75, 1.75, 1.75), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (5792, None), 'mean_seq_len': (None, 23170), 'num_seqs': (None, 3)}, 'workloads': 3, 'speedup': (1.61, 1.86, 2.45), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1023, 5792), 'num_seqs': (None, 3)}, 'workloads': 6, 'speedup': (2.62, 4.69, 6.59), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5792, None), 'mean_seq_len': (23170, None), 'num_seqs': (None, 3)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (41, 1023), 'mean_seq_len': (176, None), 'num_seqs': (None, 5)}, 'workloads': 12, 'speedup': (5.11, 6.49, 9.16), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 2), 'num_seqs': (None, 21)}, 'workloads': 3, 'speedup': (9.42, 11.81, 15.83), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 18), 'mean_seq_len': (None, 2), 'num_seqs': (None, 21)}, 'workloads': 2, 'speedup': (8.88, 9.01, 9.13), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (41, 357), 'mean_seq_len': (None, 176), 'num_seqs': (None, 21)}, 'workloads': 30, 'speedup': (2.4, 6.42, 10.71), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (357, 1023), 'mean_seq_len': (None, 176), 'num_seqs': (None, 21)}, 'workloads': 7, 'speedup': (4.53, 6.42, 8.67), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 18), 'mean_seq_len': (2, None), 'num_seqs': (None, 21)}, 'workloads': 15, 'speedup': (5.4, 9.09, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1914, 4094), 'num_seqs': (3, 11)}, 'workloads': 2, 'speedup': (2.35, 2.48, 2.62), 'fallbacks': ('triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4094, 5267), 'num_seqs': (3, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 19, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (3, 22)}, 'workloads': 4, 'speedup': (3.18, 3.97, 5.35), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (41, 1023), 'mean_seq_len': (176, None), 'num_seqs': (5, 21)}, 'workloads': 4, 'speedup': (5.77, 7.13, 8.19), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, 2024), 'num_seqs': (11, 45)}, 'workloads': 4, 'speedup': (2.36, 2.99, 3.52), 'fallbacks': ('flashinfer_direct', 'triton_prefill_staged.c16v32')},
-    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2024, 5267), 'num_seqs': (11, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (30, 1023), 'num_seqs': (21, None)}, 'workloads': 29, 'speedup': (1.64, 2.85, 5.11), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (22, 45)}, 'workloads': 1, 'speedup': (1.73, 1.73, 1.73), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64'), 'hand_back': True},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, 5267), 'num_seqs': (45, 90)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1023, 5267), 'num_seqs': (90, None)}, 'workloads': 1, 'speedup': (2.87, 2.87, 2.87), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (18, 41), 'num_seqs': (None, 21), 'total_seq_len': (45, None)}, 'workloads': 6, 'speedup': (5.39, 8.57, 12.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (None, 11), 'num_seqs': (21, None), 'total_seq_len': (362, None)}, 'workloads': 8, 'speedup': (2.2, 2.95, 4.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (11, None), 'num_seqs': (21, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (3.3, 3.83, 4.43), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 30, 'variant': 'triton_prefill_staged.c16v32', 'bounds': {'max_seq_len': (1023, 1914), 'num_seqs': (3, 11), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (3.35, 3.35, 3.35), 'fallbacks': ('flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (5267, 15591), 'num_seqs': (45, None), 'total_seq_len': (16627, None)}, 'workloads': 1, 'speedup': (1.33, 1.33, 1.33), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (15591, None), 'num_seqs': (45, None), 'total_seq_len': (16627, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (41, 283), 'mean_seq_len': (176, None), 'num_seqs': (None, 21), 'total_seq_len': (None, 1299)}, 'workloads': 3, 'speedup': (5.72, 6.25, 6.79), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, 2024), 'num_seqs': (None, 11), 'total_seq_len': (None, 2896)}, 'workloads': 5, 'speedup': (3.13, 5.21, 6.39), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (283, 1023), 'mean_seq_len': (176, None), 'num_seqs': (None, 21), 'total_seq_len': (None, 2896)}, 'workloads': 10, 'speedup': (5.11, 6.6, 9.16), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, 2024), 'num_seqs': (22, 90), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.83, 2.08, 2.36), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1023, 2024), 'num_seqs': (90, None), 'total_seq_len': (None, 11585)}, 'workloads': 1, 'speedup': (2.87, 2.87, 2.87), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 2), 'num_seqs': (None, 21)}, 'workloads': 3, 'speedup': (9.42, 11.81, 15.83), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 18), 'mean_seq_len': (None, 2), 'num_seqs': (None, 21)}, 'workloads': 2, 'speedup': (8.88, 9.01, 9.13), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (41, 357), 'mean_seq_len': (None, 176), 'num_seqs': (None, 21)}, 'workloads': 30, 'speedup': (2.4, 6.42, 10.71), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (357, 1023), 'mean_seq_len': (None, 176), 'num_seqs': (None, 21)}, 'workloads': 7, 'speedup': (4.53, 6.42, 8.67), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 18), 'mean_seq_len': (2, None), 'num_seqs': (None, 21)}, 'workloads': 15, 'speedup': (5.4, 9.09, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (2024, None), 'mean_seq_len': (None, 23170)}, 'workloads': 17, 'speedup': (1.46, 3.06, 5.3), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2024, None), 'mean_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, 2024), 'num_seqs': (11, 22)}, 'workloads': 3, 'speedup': (2.82, 3.23, 3.52), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (30, 1023), 'num_seqs': (21, None)}, 'workloads': 29, 'speedup': (1.64, 2.85, 5.11), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (18, 41), 'num_seqs': (None, 21), 'total_seq_len': (45, None)}, 'workloads': 6, 'speedup': (5.39, 8.57, 12.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (None, 11), 'num_seqs': (21, None), 'total_seq_len': (362, None)}, 'workloads': 8, 'speedup': (2.2, 2.95, 4.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (11, None), 'num_seqs': (21, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (3.3, 3.83, 4.43), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (41, 283), 'mean_seq_len': (176, None), 'num_seqs': (None, 21), 'total_seq_len': (1299, None)}, 'workloads': 2, 'speedup': (5.77, 6.88, 8.19), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1023, 2024), 'num_seqs': (None, 11), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.65, 2.65, 2.65), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (283, 1023), 'mean_seq_len': (176, None), 'num_seqs': (None, 21), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (8.13, 8.13, 8.13), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1023, 2024), 'num_seqs': (22, 90), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1023, 2024), 'num_seqs': (90, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -399,173 +375,131 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 3 workloads, 8.00x (7.49x .. 8.85x) over vllm_flashinfer_prefill
-    if total_seq_len <= 24 and num_seqs <= 21 and 4 < max_seq_len <= 7:
+    if total_seq_len <= 24 and num_seqs <= 31 and 4 < max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 3 workloads, 1.77x (1.69x .. 1.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 21 < num_seqs <= 79 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 2 workloads, 1.74x (1.69x .. 1.80x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 31 < num_seqs <= 79 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and 21 < num_seqs <= 79 and 8 < max_seq_len <= 30:
+    if total_seq_len <= 181 and 31 < num_seqs <= 79 and 8 < max_seq_len <= 30:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r32s4'
-    # region 4: 6 workloads, 2.05x (1.56x .. 2.67x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1254 and num_seqs <= 2 and mean_seq_len > 158 and 22 < max_seq_len <= 636:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 5: 2 workloads, 1.48x (1.47x .. 1.48x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1254 and num_seqs <= 2 and mean_seq_len > 158 and max_seq_len > 636:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p4'
-    # region 6: 3 workloads, 8.66x (8.27x .. 8.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1254 and num_seqs <= 5 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1254 and num_seqs <= 11 and 16 < max_seq_len <= 22:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 1 workloads, 6.80x (6.80x .. 6.80x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1254 and num_seqs <= 21 and mean_seq_len <= 2 and 7 < max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 9: 42 workloads, 3.56x (1.51x .. 5.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1254 and num_seqs <= 21 and mean_seq_len <= 158 and max_seq_len > 22:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 10: 10 workloads, 6.82x (6.32x .. 7.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1254 and num_seqs <= 21 and mean_seq_len > 2 and 7 < max_seq_len <= 16:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 11: 2 workloads, 2.58x (2.24x .. 2.96x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1254 and 2 < num_seqs <= 21 and mean_seq_len > 158 and 22 < max_seq_len <= 711:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'cuda_prefill_cp.p16', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 12: 1 workloads, 1.50x (1.50x .. 1.50x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1254 and 2 < num_seqs <= 21 and mean_seq_len > 158 and max_seq_len > 711:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_cp.p4'
-    # region 13: 3 workloads, 9.13x (8.78x .. 9.68x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1254 and 5 < num_seqs <= 21 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 14: 1 workloads, 6.00x (6.00x .. 6.00x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1254 and 11 < num_seqs <= 21 and 16 < max_seq_len <= 22:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_staged.r32s4'
-    # region 15: 2 workloads, 1.30x (1.18x .. 1.44x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 192 and max_seq_len > 128:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 2896 and 79 < num_seqs <= 192 and max_seq_len > 302:
-        return 'cuda_prefill_staged.r32s4'
-    # region 17: 4 workloads, 1.15x (1.13x .. 1.17x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and 21 < num_seqs <= 79 and 636 < max_seq_len <= 1888:
-        return 'cuda_prefill_staged.r32s4'
-    # region 18: 2 workloads, 1.59x (1.54x .. 1.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len <= 2 and max_seq_len <= 8:
+    # region 4: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 181 and 273 < max_seq_len <= 962:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 2896 and 79 < num_seqs <= 181 and 273 < max_seq_len <= 711:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 2 workloads, 1.59x (1.54x .. 1.64x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len <= 2 and max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 1 workloads, 1.50x (1.50x .. 1.50x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len <= 2 and 8 < max_seq_len <= 128:
+    # region 7: 2 workloads, 1.47x (1.44x .. 1.50x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len <= 2 and 8 < max_seq_len <= 273:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 4 workloads, 1.44x (1.41x .. 1.48x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len > 2 and max_seq_len <= 128:
+    # region 8: 4 workloads, 1.44x (1.41x .. 1.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len > 2 and max_seq_len <= 273:
         return 'cuda_prefill_staged.r64s4'
-    # region 21: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5947 and 79 < num_seqs <= 192 and 128 < max_seq_len <= 302:
-        return 'cuda_prefill_staged.r64s4'
-    # region 22: 5 workloads, 1.25x (1.15x .. 1.42x) over vllm_flashinfer_prefill
-    if 21 < num_seqs <= 79 and mean_seq_len <= 22 and 30 < max_seq_len <= 126:
+    # region 9: 6 workloads, 1.64x (1.48x .. 1.96x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs <= 22 and 636 < max_seq_len <= 1091:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 10: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and 22 < num_seqs <= 79 and mean_seq_len <= 22 and 636 < max_seq_len <= 898:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 23: 3 workloads, 1.20x (1.11x .. 1.31x) over vllm_flashinfer_prefill
-    if 21 < num_seqs <= 79 and mean_seq_len <= 45 and 126 < max_seq_len <= 636:
+    # region 11: 3 workloads, 1.37x (1.13x .. 1.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and 22 < num_seqs <= 79 and max_seq_len > 898:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p16'
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 5792 and 22 < num_seqs <= 79 and mean_seq_len > 22 and 636 < max_seq_len <= 898:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 5792 and 79 < num_seqs <= 181 and 711 < max_seq_len <= 1336:
+        return 'cuda_prefill_cp.p16'
+    # region 14: 3 workloads, 1.18x (1.06x .. 1.34x) over vllm_flashinfer_prefill
+    if total_seq_len <= 11585 and num_seqs <= 11 and max_seq_len > 6968:
+        return 'cuda_prefill_cp.p8'
+    # region 15: 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 11585 and 11 < num_seqs <= 22 and max_seq_len > 6968:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p16'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 11585 and num_seqs > 181 and 962 < max_seq_len <= 1336:
+        return 'cuda_prefill_cp.p16'
+    # region 17: 14 workloads, 1.43x (1.11x .. 1.84x) over vllm_flashinfer_prefill
+    if total_seq_len <= 23170 and num_seqs <= 22 and 1091 < max_seq_len <= 6968:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
+    # region 18: 3 workloads, 8.66x (8.27x .. 8.88x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 19: 1 workloads, 6.80x (6.80x .. 6.80x) over vllm_flashinfer_prefill
+    if num_seqs <= 31 and mean_seq_len <= 2 and 7 < max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 20: 57 workloads, 3.33x (1.18x .. 5.63x) over vllm_flashinfer_prefill
+    if num_seqs <= 31 and 22 < max_seq_len <= 636:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 21: 11 workloads, 6.74x (5.97x .. 7.31x) over vllm_flashinfer_prefill
+    if num_seqs <= 31 and mean_seq_len > 2 and 7 < max_seq_len <= 22:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 22: 4 workloads, 5.96x (1.66x .. 9.68x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 31 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 23: 4 workloads, 1.27x (1.15x .. 1.42x) over vllm_flashinfer_prefill
+    if 31 < num_seqs <= 79 and mean_seq_len <= 22 and 30 < max_seq_len <= 126:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 24: 3 workloads, 1.20x (1.11x .. 1.31x) over vllm_flashinfer_prefill
+    if 31 < num_seqs <= 79 and mean_seq_len <= 45 and 126 < max_seq_len <= 636:
         return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 24: 2 workloads, 1.07x (1.07x .. 1.08x) over vllm_flashinfer_prefill's guarded call
-    if 21 < num_seqs <= 79 and max_seq_len > 1888:
-        return 'cuda_prefill_staged.r64s4'
     # region 25: 5 workloads, 1.10x (1.09x .. 1.11x) over vllm_flashinfer_prefill
-    if 21 < num_seqs <= 79 and mean_seq_len > 22 and 30 < max_seq_len <= 126:
+    if 31 < num_seqs <= 79 and mean_seq_len > 22 and 30 < max_seq_len <= 126:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     # region 26: 4 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
-    if 21 < num_seqs <= 79 and mean_seq_len > 45 and 126 < max_seq_len <= 636:
+    if 31 < num_seqs <= 79 and mean_seq_len > 45 and 126 < max_seq_len <= 636:
         return 'flashinfer_direct'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if 24 < total_seq_len <= 1254 and num_seqs <= 21 and 4 < max_seq_len <= 7:
+    # region 27: 3 workloads, 2.09x (1.17x .. 3.64x) over vllm_flashinfer_prefill
+    if num_seqs > 79 and max_seq_len > 1336:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 24 and num_seqs <= 31 and 4 < max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 28: 1 workloads, 1.56x (1.56x .. 1.56x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 21 < num_seqs <= 79 and max_seq_len <= 7:
+    # region 29: 1 workloads, 1.56x (1.56x .. 1.56x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 31 < num_seqs <= 79 and max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 5 workloads, 1.22x (1.10x .. 1.27x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 21 < num_seqs <= 79 and 7 < max_seq_len <= 30:
+    # region 30: 5 workloads, 1.22x (1.10x .. 1.27x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 31 < num_seqs <= 79 and 7 < max_seq_len <= 30:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 30: 2 workloads, 1.38x (1.34x .. 1.43x) over vllm_flashinfer_prefill's guarded call
-    if 1254 < total_seq_len <= 2896 and 2 < num_seqs <= 21 and mean_seq_len <= 362 and 1336 < max_seq_len <= 1993:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 31: 8 workloads, 3.16x (1.76x .. 4.81x) over vllm_flashinfer_prefill
-    if 1254 < total_seq_len <= 2912 and 2 < num_seqs <= 21 and max_seq_len <= 1091:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 32: 5 workloads, 1.39x (1.30x .. 1.45x) over vllm_flashinfer_prefill
-    if 1254 < total_seq_len <= 5792 and num_seqs <= 2:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
-    # region 33: 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill's guarded call
-    if 1254 < total_seq_len <= 5792 and 2 < num_seqs <= 21 and 362 < mean_seq_len <= 596 and 1336 < max_seq_len <= 5267:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
-    # region 34: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1254 and 2 < num_seqs <= 5 and mean_seq_len > 596 and 1336 < max_seq_len <= 5267:
-        return 'cuda_prefill_cp.p4'
+    # region 32: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+    if 2896 < total_seq_len <= 5947 and num_seqs > 79 and mean_seq_len > 21 and 126 < max_seq_len <= 273:
+        return 'cuda_prefill_staged.r64s4'
+    # region 33: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and 79 < num_seqs <= 181 and 273 < max_seq_len <= 711:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and 79 < num_seqs <= 181 and mean_seq_len > 21 and max_seq_len <= 126:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     # region 35: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1254 and 2 < num_seqs <= 21 and mean_seq_len <= 362 and 1993 < max_seq_len <= 5267:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 36: 2 workloads, 1.17x (1.14x .. 1.20x) over vllm_flashinfer_prefill
-    if total_seq_len > 1254 and 2 < num_seqs <= 21 and mean_seq_len <= 1448 and 5267 < max_seq_len <= 11024:
-        return 'cuda_prefill_cp.p16'
-    # region 37: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1254 and 2 < num_seqs <= 21 and mean_seq_len <= 2896 and max_seq_len > 11024:
-        return 'cuda_prefill_cp.p16'
-    # region 38: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
-    if total_seq_len > 1254 and 2 < num_seqs <= 21 and 1091 < max_seq_len <= 1336:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 39: 2 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1254 and 2 < num_seqs <= 21 and mean_seq_len > 1448 and 5267 < max_seq_len <= 11024:
-        return 'cuda_prefill_cp.p8'
-    # region 40: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1254 and 2 < num_seqs <= 21 and mean_seq_len > 2896 and max_seq_len > 11024:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1254 and 5 < num_seqs <= 11 and mean_seq_len > 596 and 1336 < max_seq_len <= 2000:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 42: 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1254 and 5 < num_seqs <= 11 and mean_seq_len > 596 and 2000 < max_seq_len <= 5267:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 43: 1 workloads, 1.77x (1.77x .. 1.77x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1254 and 11 < num_seqs <= 21 and mean_seq_len > 596 and 1336 < max_seq_len <= 5267:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 44: 3 workloads, 1.10x (1.04x .. 1.16x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1448 and num_seqs > 192 and max_seq_len > 128:
+    if total_seq_len > 2896 and num_seqs > 79 and mean_seq_len <= 21 and max_seq_len <= 140:
         return 'cuda_prefill_staged.r64s4'
-    # region 45: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and 2 < num_seqs <= 21 and mean_seq_len <= 362 and 1336 < max_seq_len <= 1993:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_staged.r32s4'
-    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 79 < num_seqs <= 192 and 302 < max_seq_len <= 11024:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 2896 and 79 < num_seqs <= 192 and max_seq_len > 11024:
+    # region 37: 1 workloads, 1.19x (1.19x .. 1.19x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 21 and max_seq_len <= 126:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 48: 2 workloads, 2.72x (2.05x .. 3.61x) over vllm_flashinfer_prefill
-    if total_seq_len > 2912 and 2 < num_seqs <= 21 and max_seq_len <= 1091:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 49: 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill's guarded call
-    if 5792 < total_seq_len <= 11585 and num_seqs <= 2:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
-    # region 50: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 5792 < total_seq_len <= 11585 and 21 < num_seqs <= 79 and 636 < max_seq_len <= 1888:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 51: 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 5792 and 2 < num_seqs <= 21 and 362 < mean_seq_len <= 596 and 1336 < max_seq_len <= 5267:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 52: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 5792 and 79 < num_seqs <= 181 and mean_seq_len > 45 and max_seq_len <= 128:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 53: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and num_seqs > 79 and mean_seq_len <= 45 and max_seq_len <= 70:
-        return 'cuda_prefill_staged.r64s4'
-    # region 55: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs > 181 and mean_seq_len > 45 and max_seq_len <= 128:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 57: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and num_seqs <= 2:
+    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 5792 < total_seq_len <= 11585 and 22 < num_seqs <= 79 and 636 < max_seq_len <= 762:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 2 workloads, 3.00x (2.89x .. 3.10x) over vllm_flashinfer_prefill
+    if 5792 < total_seq_len <= 11585 and 22 < num_seqs <= 79 and max_seq_len > 762:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
+    # region 40: 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and num_seqs <= 22 and 636 < max_seq_len <= 1091:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'flashinfer_direct'
+    # region 42: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5947 and num_seqs > 79 and mean_seq_len > 21 and 126 < max_seq_len <= 273:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and num_seqs <= 22 and mean_seq_len <= 5792 and max_seq_len > 6968:
+        return 'cuda_prefill_cp.p16'
+    # region 44: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and num_seqs <= 22 and mean_seq_len > 5792 and max_seq_len > 6968:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
-    # region 58: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and 21 < num_seqs <= 79 and 636 < max_seq_len <= 962:
-        return 'flashinfer_direct'
+    # region 46: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and 22 < num_seqs <= 79 and max_seq_len > 1812:
+        return 'cuda_prefill_cp.p16'
     return 'vllm_flashinfer_prefill'
 
 
@@ -584,122 +518,77 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 4: 1 workloads, 3.36x (3.36x .. 3.36x) over vllm_flashinfer_prefill
     if total_seq_len <= 362 and num_seqs > 21 and 9 < max_seq_len <= 30:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 3 workloads, 4.78x (3.13x .. 6.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and 3 < num_seqs <= 11 and 1023 < max_seq_len <= 1914:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 16627 and 45 < num_seqs <= 90 and max_seq_len > 5267:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 7: 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 16627 and num_seqs > 90 and max_seq_len > 5267:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 3 workloads, 1.86x (1.61x .. 2.45x) over vllm_flashinfer_prefill
-    if num_seqs <= 3 and mean_seq_len <= 23170 and max_seq_len > 5792:
-        return 'cuda_prefill_cp.p16'
-    # region 9: 6 workloads, 4.69x (2.62x .. 6.59x) over vllm_flashinfer_prefill
-    if num_seqs <= 3 and 1023 < max_seq_len <= 5792:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
-    # region 10: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 3 and mean_seq_len > 23170 and max_seq_len > 5792:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 12 workloads, 6.49x (5.11x .. 9.16x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and mean_seq_len > 176 and 41 < max_seq_len <= 1023:
+    # region 5: 3 workloads, 6.25x (5.72x .. 6.79x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1299 and num_seqs <= 21 and mean_seq_len > 176 and 41 < max_seq_len <= 283:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 5 workloads, 5.21x (3.13x .. 6.39x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs <= 11 and 1023 < max_seq_len <= 2024:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 7: 10 workloads, 6.60x (5.11x .. 9.16x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs <= 21 and mean_seq_len > 176 and 283 < max_seq_len <= 1023:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 12: 3 workloads, 11.81x (9.42x .. 15.83x) over vllm_flashinfer_prefill
+    # region 8: 2 workloads, 2.08x (1.83x .. 2.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and 22 < num_seqs <= 90 and 1023 < max_seq_len <= 2024:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 1 workloads, 2.87x (2.87x .. 2.87x) over vllm_flashinfer_prefill
+    if total_seq_len <= 11585 and num_seqs > 90 and 1023 < max_seq_len <= 2024:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 3 workloads, 11.81x (9.42x .. 15.83x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and mean_seq_len <= 2 and max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 13: 2 workloads, 9.01x (8.88x .. 9.13x) over vllm_flashinfer_prefill
+    # region 11: 2 workloads, 9.01x (8.88x .. 9.13x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and mean_seq_len <= 2 and 4 < max_seq_len <= 18:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 14: 30 workloads, 6.42x (2.40x .. 10.71x) over vllm_flashinfer_prefill
+    # region 12: 30 workloads, 6.42x (2.40x .. 10.71x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and mean_seq_len <= 176 and 41 < max_seq_len <= 357:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 7 workloads, 6.42x (4.53x .. 8.67x) over vllm_flashinfer_prefill
+    # region 13: 7 workloads, 6.42x (4.53x .. 8.67x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and mean_seq_len <= 176 and 357 < max_seq_len <= 1023:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 16: 15 workloads, 9.09x (5.40x .. 15.34x) over vllm_flashinfer_prefill
+    # region 14: 15 workloads, 9.09x (5.40x .. 15.34x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and mean_seq_len > 2 and max_seq_len <= 18:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 17: 2 workloads, 2.48x (2.35x .. 2.62x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 11 and 1914 < max_seq_len <= 4094:
-        return ('flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 19: 4 workloads, 3.97x (3.18x .. 5.35x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 22 and max_seq_len > 5267:
+    # region 15: 17 workloads, 3.06x (1.46x .. 5.30x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 23170 and max_seq_len > 2024:
         return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
-    # region 20: 4 workloads, 7.13x (5.77x .. 8.19x) over vllm_flashinfer_prefill
-    if 5 < num_seqs <= 21 and mean_seq_len > 176 and 41 < max_seq_len <= 1023:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 4 workloads, 2.99x (2.36x .. 3.52x) over vllm_flashinfer_prefill
-    if 11 < num_seqs <= 45 and 1023 < max_seq_len <= 2024:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r32s4'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if 11 < num_seqs <= 45 and 2024 < max_seq_len <= 5267:
-        return ('flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 23: 29 workloads, 2.85x (1.64x .. 5.11x) over vllm_flashinfer_prefill
+    # region 16: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if mean_seq_len > 23170 and max_seq_len > 2024:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 17: 3 workloads, 3.23x (2.82x .. 3.52x) over vllm_flashinfer_prefill
+    if 11 < num_seqs <= 22 and 1023 < max_seq_len <= 2024:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 18: 29 workloads, 2.85x (1.64x .. 5.11x) over vllm_flashinfer_prefill
     if num_seqs > 21 and 30 < max_seq_len <= 1023:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill's guarded call
-    if 22 < num_seqs <= 45 and max_seq_len > 5267:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 25: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
-    if 45 < num_seqs <= 90 and 1023 < max_seq_len <= 5267:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 26: 1 workloads, 2.87x (2.87x .. 2.87x) over vllm_flashinfer_prefill
-    if num_seqs > 90 and 1023 < max_seq_len <= 5267:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 27: 6 workloads, 8.57x (5.39x .. 12.82x) over vllm_flashinfer_prefill
+    # region 19: 6 workloads, 8.57x (5.39x .. 12.82x) over vllm_flashinfer_prefill
     if total_seq_len > 45 and num_seqs <= 21 and 18 < max_seq_len <= 41:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 28: 8 workloads, 2.95x (2.20x .. 4.10x) over vllm_flashinfer_prefill
+    # region 20: 8 workloads, 2.95x (2.20x .. 4.10x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and num_seqs > 21 and mean_seq_len <= 11 and max_seq_len <= 30:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 2 workloads, 3.83x (3.30x .. 4.43x) over vllm_flashinfer_prefill
+    # region 21: 2 workloads, 3.83x (3.30x .. 4.43x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and num_seqs > 21 and mean_seq_len > 11 and max_seq_len <= 30:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 30: 1 workloads, 3.35x (3.35x .. 3.35x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and 3 < num_seqs <= 11 and 1023 < max_seq_len <= 1914:
-        return ('triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_staged.c16v32'
-    # region 31: 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
-    if total_seq_len > 16627 and num_seqs > 45 and 5267 < max_seq_len <= 15591:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 2 workloads, 6.88x (5.77x .. 8.19x) over vllm_flashinfer_prefill
+    if total_seq_len > 1299 and num_seqs <= 21 and mean_seq_len > 176 and 41 < max_seq_len <= 283:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 1 workloads, 2.65x (2.65x .. 2.65x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs <= 11 and 1023 < max_seq_len <= 2024:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p8'
+    # region 24: 1 workloads, 8.13x (8.13x .. 8.13x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs <= 21 and mean_seq_len > 176 and 283 < max_seq_len <= 1023:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and 22 < num_seqs <= 90 and 1023 < max_seq_len <= 2024:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and num_seqs > 90 and 1023 < max_seq_len <= 2024:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 21 < num_seqs <= 79 and max_seq_len > 1888:  # region 24
-        return True
-    if 1254 < total_seq_len <= 2896 and 2 < num_seqs <= 21 and mean_seq_len <= 362 and 1336 < max_seq_len <= 1993:  # region 30
-        return True
-    if 1254 < total_seq_len <= 5792 and 2 < num_seqs <= 21 and 362 < mean_seq_len <= 596 and 1336 < max_seq_len <= 5267:  # region 33
-        return True
-    if total_seq_len > 1254 and 2 < num_seqs <= 5 and mean_seq_len > 596 and 1336 < max_seq_len <= 5267:  # region 34
-        return True
-    if total_seq_len > 1254 and 2 < num_seqs <= 21 and mean_seq_len <= 362 and 1993 < max_seq_len <= 5267:  # region 35
-        return True
-    if total_seq_len > 1254 and 2 < num_seqs <= 21 and mean_seq_len > 1448 and 5267 < max_seq_len <= 11024:  # region 39
-        return True
-    if total_seq_len > 1254 and 5 < num_seqs <= 11 and mean_seq_len > 596 and 1336 < max_seq_len <= 2000:  # region 41
-        return True
-    if total_seq_len > 1254 and 5 < num_seqs <= 11 and mean_seq_len > 596 and 2000 < max_seq_len <= 5267:  # region 42
-        return True
-    if total_seq_len > 1254 and 11 < num_seqs <= 21 and mean_seq_len > 596 and 1336 < max_seq_len <= 5267:  # region 43
-        return True
-    if total_seq_len > 1448 and num_seqs > 192 and max_seq_len > 128:  # region 44
-        return True
-    if total_seq_len > 2896 and 2 < num_seqs <= 21 and mean_seq_len <= 362 and 1336 < max_seq_len <= 1993:  # region 45
-        return True
-    if total_seq_len > 2896 and 79 < num_seqs <= 192 and max_seq_len > 11024:  # region 47
-        return True
-    if 5792 < total_seq_len <= 11585 and num_seqs <= 2:  # region 49
-        return True
-    if total_seq_len > 5792 and 2 < num_seqs <= 21 and 362 < mean_seq_len <= 596 and 1336 < max_seq_len <= 5267:  # region 51
-        return True
-    return False
-
-
-def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 22 < num_seqs <= 45 and max_seq_len > 5267:  # region 24
+    if total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 21 and max_seq_len <= 126:  # region 37
         return True
     return False

@@ -6,13 +6,13 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-02T15:43:12Z
+# measured    up to 2026-12-03T13:19:02Z
 # workloads   156 (workload-set digest 68659784bab68377)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   vllm_flashinfer_prefill         cafcd75cbe1a2e72  156/156  1.00x
-#   cuda_prefill_cp.p4              4faa47a619017c1c  34/35  1.15x  [1 screened out]
-#   cuda_prefill_cp.p8              ee916646fd1ae292  34/35  1.16x  [1 screened out]
+#   cuda_prefill_cp.p4              f9be450562f57428  76/76  1.13x
+#   cuda_prefill_cp.p8              1222c405df8c1fa9  76/76  1.15x
 #   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  93/149  1.15x  [56 screened out]
 #   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  91/149  1.13x  [58 screened out]
 #   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  96/149  1.12x  [53 screened out]
@@ -47,62 +47,64 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 7.93% mean, 263.19% max;
-#             1.373x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 11.17% mean, 230.28% max;
-#             3.452x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 8.89% mean, 103.29% max;
+#             1.413x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.66% mean, 118.59% max;
+#             3.536x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and num_seqs <= 8 and mean_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.73x (7.31x .. 9.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 22 and num_seqs <= 8 and 3 < mean_seq_len <= 540: cuda_prefill_pool_rows.k16c8, 6 workloads, 7.63x (6.16x .. 8.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   3. total_seq_len <= 5258 and num_seqs <= 8 and 540 < mean_seq_len <= 3547: cuda_prefill_cp.p4, 7 workloads, 1.22x (1.07x .. 1.42x) over vllm_flashinfer_prefill
-#   4. num_seqs <= 8 and mean_seq_len > 3547: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   3. total_seq_len <= 4753 and num_seqs <= 8 and mean_seq_len > 2508: cuda_prefill_cp.p4, 2 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 6006 and num_seqs <= 8 and 540 < mean_seq_len <= 2508: cuda_prefill_cp.p4, 7 workloads, 1.31x (1.06x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
 #   5. 8 < num_seqs <= 16 and mean_seq_len <= 30: cuda_prefill_staged.r32s4, 10 workloads, 1.15x (1.06x .. 1.26x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   6. num_seqs > 8 and 30 < mean_seq_len <= 45: cuda_prefill_staged.r64s4, 12 workloads, 1.15x (1.03x .. 1.23x) over vllm_flashinfer_prefill
-#   7. num_seqs > 8 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   7. num_seqs > 8 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
 #   8. num_seqs > 16 and mean_seq_len <= 30: cuda_prefill_staged.r64s4, 30 workloads, 1.37x (1.07x .. 1.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
 #   9. 22 < total_seq_len <= 59 and num_seqs <= 8 and mean_seq_len <= 540: triton_prefill_fused.c16v32, 7 workloads, 6.15x (4.53x .. 7.40x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
 #   10. total_seq_len > 59 and num_seqs <= 8 and mean_seq_len <= 540: cuda_prefill_staged.r32s4, 45 workloads, 3.12x (1.05x .. 5.73x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 5258 and num_seqs <= 8 and 540 < mean_seq_len <= 3547: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64
+#   11. total_seq_len > 5792 and num_seqs <= 8 and mean_seq_len > 2508: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   12. total_seq_len > 6006 and num_seqs <= 8 and 540 < mean_seq_len <= 2508: cuda_prefill_cp.p8, 6 workloads, 1.34x (1.14x .. 1.92x) over vllm_flashinfer_prefill
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 78 and mean_seq_len <= 18: cuda_prefill_pool_rows.k8c8, 25 workloads, 7.17x (2.99x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   2. total_seq_len <= 78 and 18 < mean_seq_len <= 460: cuda_prefill_staged.r64s4, 2 workloads, 8.86x (7.36x .. 10.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 5725 and 460 < mean_seq_len <= 723: cuda_prefill_staged.r32s4, 9 workloads, 5.52x (2.77x .. 8.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 6845 and 723 < mean_seq_len <= 1362: cuda_prefill_cp.p8, 3 workloads, 3.72x (3.23x .. 4.13x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct
-#   5. total_seq_len <= 12872 and mean_seq_len > 6445: cuda_prefill_cp.p8, 2 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill
-#   6. 1362 < mean_seq_len <= 3551: cuda_prefill_cp.p8, 6 workloads, 3.57x (2.04x .. 5.98x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   7. 3551 < mean_seq_len <= 6445: cuda_prefill_cp.p4, 2 workloads, 1.80x (1.61x .. 2.03x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   8. 78 < total_seq_len <= 174 and mean_seq_len <= 460: cuda_prefill_pool_rows.k8c8, 14 workloads, 5.23x (2.87x .. 10.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   9. total_seq_len > 174 and mean_seq_len <= 460: cuda_prefill_staged.r64s4, 84 workloads, 3.71x (1.30x .. 11.06x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   10. total_seq_len > 6845 and 460 < mean_seq_len <= 1362: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
-#   11. total_seq_len > 12872 and mean_seq_len > 6445: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   2. total_seq_len <= 78 and 18 < mean_seq_len <= 107: cuda_prefill_staged.r64s4, 2 workloads, 8.86x (7.36x .. 10.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. num_seqs <= 16 and 107 < mean_seq_len <= 761: cuda_prefill_staged.r32s4, 34 workloads, 5.38x (1.81x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   4. 761 < mean_seq_len <= 1097: cuda_prefill_cp.p8, 5 workloads, 3.24x (2.47x .. 5.18x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   5. 1097 < mean_seq_len <= 1696: cuda_prefill_staged.r32s4, 2 workloads, 4.83x (4.14x .. 5.64x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   6. 1696 < mean_seq_len <= 4557: cuda_prefill_cp.p8, 6 workloads, 2.96x (1.82x .. 4.70x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   7. mean_seq_len > 4557: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   8. 16 < num_seqs <= 39 and 107 < mean_seq_len <= 761: cuda_prefill_staged.r64s4, 4 workloads, 2.36x (1.75x .. 3.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   9. num_seqs > 39 and 107 < mean_seq_len <= 761: flashinfer_direct, 5 workloads, 1.44x (1.24x .. 1.60x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   10. 78 < total_seq_len <= 180 and mean_seq_len <= 107: cuda_prefill_pool_rows.k8c8, 13 workloads, 5.05x (2.87x .. 10.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   11. total_seq_len > 180 and mean_seq_len <= 107: cuda_prefill_staged.r64s4, 55 workloads, 3.37x (1.77x .. 11.06x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 4, 'speedup': (7.31, 8.73, 9.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (3, 540), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 6, 'speedup': (6.16, 7.63, 8.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (540, 3547), 'num_seqs': (None, 8), 'total_seq_len': (None, 5258)}, 'workloads': 7, 'speedup': (1.07, 1.22, 1.42), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3547, None), 'num_seqs': (None, 8)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 3, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (2508, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 4753)}, 'workloads': 2, 'speedup': (1.05, 1.09, 1.12), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (540, 2508), 'num_seqs': (None, 8), 'total_seq_len': (None, 6006)}, 'workloads': 7, 'speedup': (1.06, 1.31, 1.51), 'fallbacks': ('cuda_prefill_cp.p8',)},
     {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (8, 16)}, 'workloads': 10, 'speedup': (1.06, 1.15, 1.26), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
     {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (30, 45), 'num_seqs': (8, None)}, 'workloads': 12, 'speedup': (1.03, 1.15, 1.23), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (8, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (8, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
     {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (16, None)}, 'workloads': 30, 'speedup': (1.07, 1.37, 1.63), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
     {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 8), 'total_seq_len': (22, 59)}, 'workloads': 7, 'speedup': (4.53, 6.15, 7.4), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 8), 'total_seq_len': (59, None)}, 'workloads': 45, 'speedup': (1.05, 3.12, 5.73), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (540, 3547), 'num_seqs': (None, 8), 'total_seq_len': (5258, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2508, None), 'num_seqs': (None, 8), 'total_seq_len': (5792, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 12, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (540, 2508), 'num_seqs': (None, 8), 'total_seq_len': (6006, None)}, 'workloads': 6, 'speedup': (1.14, 1.34, 1.92), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 18), 'total_seq_len': (None, 78)}, 'workloads': 25, 'speedup': (2.99, 7.17, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (18, 460), 'total_seq_len': (None, 78)}, 'workloads': 2, 'speedup': (7.36, 8.86, 10.66), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (460, 723), 'total_seq_len': (None, 5725)}, 'workloads': 9, 'speedup': (2.77, 5.52, 8.16), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (723, 1362), 'total_seq_len': (None, 6845)}, 'workloads': 3, 'speedup': (3.23, 3.72, 4.13), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (6445, None), 'total_seq_len': (None, 12872)}, 'workloads': 2, 'speedup': (1.55, 1.55, 1.55), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1362, 3551)}, 'workloads': 6, 'speedup': (2.04, 3.57, 5.98), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 7, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (3551, 6445)}, 'workloads': 2, 'speedup': (1.61, 1.8, 2.03), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 460), 'total_seq_len': (78, 174)}, 'workloads': 14, 'speedup': (2.87, 5.23, 10.75), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 460), 'total_seq_len': (174, None)}, 'workloads': 84, 'speedup': (1.3, 3.71, 11.06), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (460, 1362), 'total_seq_len': (6845, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6445, None), 'total_seq_len': (12872, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (18, 107), 'total_seq_len': (None, 78)}, 'workloads': 2, 'speedup': (7.36, 8.86, 10.66), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (107, 761), 'num_seqs': (None, 16)}, 'workloads': 34, 'speedup': (1.81, 5.38, 9.82), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (761, 1097)}, 'workloads': 5, 'speedup': (2.47, 3.24, 5.18), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (1097, 1696)}, 'workloads': 2, 'speedup': (4.14, 4.83, 5.64), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1696, 4557)}, 'workloads': 6, 'speedup': (1.82, 2.96, 4.7), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4557, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (107, 761), 'num_seqs': (16, 39)}, 'workloads': 4, 'speedup': (1.75, 2.36, 3.18), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (107, 761), 'num_seqs': (39, None)}, 'workloads': 5, 'speedup': (1.24, 1.44, 1.6), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 107), 'total_seq_len': (78, 180)}, 'workloads': 13, 'speedup': (2.87, 5.05, 10.75), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 107), 'total_seq_len': (180, None)}, 'workloads': 55, 'speedup': (1.77, 3.37, 11.06), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -117,12 +119,12 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 2: 6 workloads, 7.63x (6.16x .. 8.36x) over vllm_flashinfer_prefill
     if total_seq_len <= 22 and num_seqs <= 8 and 3 < mean_seq_len <= 540:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 7 workloads, 1.22x (1.07x .. 1.42x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5258 and num_seqs <= 8 and 540 < mean_seq_len <= 3547:
+    # region 3: 2 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4753 and num_seqs <= 8 and mean_seq_len > 2508:
         return 'cuda_prefill_cp.p4'
-    # region 4: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 8 and mean_seq_len > 3547:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
+    # region 4: 7 workloads, 1.31x (1.06x .. 1.51x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6006 and num_seqs <= 8 and 540 < mean_seq_len <= 2508:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
     # region 5: 10 workloads, 1.15x (1.06x .. 1.26x) over vllm_flashinfer_prefill
     if 8 < num_seqs <= 16 and mean_seq_len <= 30:
         return ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
@@ -131,7 +133,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
         return 'cuda_prefill_staged.r64s4'
     # region 7: 22 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 8 and mean_seq_len > 45:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
     # region 8: 30 workloads, 1.37x (1.07x .. 1.63x) over vllm_flashinfer_prefill
     if num_seqs > 16 and mean_seq_len <= 30:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
@@ -141,9 +143,12 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 10: 45 workloads, 3.12x (1.05x .. 5.73x) over vllm_flashinfer_prefill
     if total_seq_len > 59 and num_seqs <= 8 and mean_seq_len <= 540:
         return 'cuda_prefill_staged.r32s4'
-    # region 11: 7 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5258 and num_seqs <= 8 and 540 < mean_seq_len <= 3547:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs <= 8 and mean_seq_len > 2508:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 6 workloads, 1.34x (1.14x .. 1.92x) over vllm_flashinfer_prefill
+    if total_seq_len > 6006 and num_seqs <= 8 and 540 < mean_seq_len <= 2508:
+        return 'cuda_prefill_cp.p8'
     return 'vllm_flashinfer_prefill'
 
 
@@ -154,35 +159,35 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len <= 78 and mean_seq_len <= 18:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 2 workloads, 8.86x (7.36x .. 10.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 78 and 18 < mean_seq_len <= 460:
+    if total_seq_len <= 78 and 18 < mean_seq_len <= 107:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 3: 9 workloads, 5.52x (2.77x .. 8.16x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5725 and 460 < mean_seq_len <= 723:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 4: 3 workloads, 3.72x (3.23x .. 4.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 6845 and 723 < mean_seq_len <= 1362:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p8'
-    # region 5: 2 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 12872 and mean_seq_len > 6445:
-        return 'cuda_prefill_cp.p8'
-    # region 6: 6 workloads, 3.57x (2.04x .. 5.98x) over vllm_flashinfer_prefill
-    if 1362 < mean_seq_len <= 3551:
+    # region 3: 34 workloads, 5.38x (1.81x .. 9.82x) over vllm_flashinfer_prefill
+    if num_seqs <= 16 and 107 < mean_seq_len <= 761:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 4: 5 workloads, 3.24x (2.47x .. 5.18x) over vllm_flashinfer_prefill
+    if 761 < mean_seq_len <= 1097:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 7: 2 workloads, 1.80x (1.61x .. 2.03x) over vllm_flashinfer_prefill
-    if 3551 < mean_seq_len <= 6445:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
-    # region 8: 14 workloads, 5.23x (2.87x .. 10.75x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 174 and mean_seq_len <= 460:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 84 workloads, 3.71x (1.30x .. 11.06x) over vllm_flashinfer_prefill
-    if total_seq_len > 174 and mean_seq_len <= 460:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 7 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 6845 and 460 < mean_seq_len <= 1362:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 12872 and mean_seq_len > 6445:
+    # region 5: 2 workloads, 4.83x (4.14x .. 5.64x) over vllm_flashinfer_prefill
+    if 1097 < mean_seq_len <= 1696:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 6 workloads, 2.96x (1.82x .. 4.70x) over vllm_flashinfer_prefill
+    if 1696 < mean_seq_len <= 4557:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 7: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if mean_seq_len > 4557:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 4 workloads, 2.36x (1.75x .. 3.18x) over vllm_flashinfer_prefill
+    if 16 < num_seqs <= 39 and 107 < mean_seq_len <= 761:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 5 workloads, 1.44x (1.24x .. 1.60x) over vllm_flashinfer_prefill
+    if num_seqs > 39 and 107 < mean_seq_len <= 761:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 10: 13 workloads, 5.05x (2.87x .. 10.75x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 180 and mean_seq_len <= 107:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 11: 55 workloads, 3.37x (1.77x .. 11.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 180 and mean_seq_len <= 107:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
     return 'vllm_flashinfer_prefill'
 
 
@@ -191,189 +196,179 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 6.43% mean, 199.25% max;
-#             1.361x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.47% mean, 234.53% max;
-#             3.434x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.49% mean, 199.25% max;
+#             1.502x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.40% mean, 64.81% max;
+#             3.872x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 14 and num_seqs <= 9 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 3 workloads, 7.77x (7.66x .. 7.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 90 and 9 < num_seqs <= 17 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   3. total_seq_len <= 90 and 9 < num_seqs <= 17 and 11 < max_seq_len <= 495: cuda_prefill_staged.r32s4, 2 workloads, 1.18x (1.17x .. 1.19x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   4. total_seq_len <= 1448 and 9 < num_seqs <= 17 and 495 < max_seq_len <= 856: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 1475 and num_seqs <= 1 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.73x (8.73x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64
-#   6. total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 362 and 7 < max_seq_len <= 17: triton_prefill_fused.c16v32, 6 workloads, 7.15x (6.86x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   7. total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 362 and max_seq_len > 17: cuda_prefill_staged.r32s4, 37 workloads, 3.67x (1.64x .. 6.23x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   8. total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len > 362 and 7 < max_seq_len <= 795: cuda_prefill_staged.r32s4, 3 workloads, 1.94x (1.71x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   9. total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len > 362 and max_seq_len > 795: cuda_prefill_cp.p4, 3 workloads, 1.36x (1.30x .. 1.42x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
-#   10. total_seq_len <= 1475 and 1 < num_seqs <= 9 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 10.30x (10.30x .. 10.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   11. total_seq_len <= 2896 and 9 < num_seqs <= 17 and max_seq_len > 856: cuda_prefill_staged.r32s4, 2 workloads, 1.15x (1.14x .. 1.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   12. total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 22 and 408 < max_seq_len <= 4528: cuda_prefill_staged.r64s4, 3 workloads, 1.17x (1.15x .. 1.20x) over vllm_flashinfer_prefill
-#   13. total_seq_len <= 5792 and 17 < num_seqs <= 45 and mean_seq_len > 45 and max_seq_len <= 314: flashinfer_direct, 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   14. total_seq_len <= 5792 and num_seqs > 45 and mean_seq_len > 45 and max_seq_len <= 206: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. total_seq_len <= 5792 and num_seqs > 45 and mean_seq_len > 45 and 206 < max_seq_len <= 314: vllm_flashinfer_prefill (baseline), 0 workloads
-#   16. 17 < num_seqs <= 45 and mean_seq_len > 22 and 314 < max_seq_len <= 408: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   17. 17 < num_seqs <= 45 and mean_seq_len > 22 and max_seq_len > 4528: cuda_prefill_staged.r32s4, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
-#   18. 17 < num_seqs <= 62 and mean_seq_len <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.94x (1.75x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64
-#   19. 17 < num_seqs <= 62 and mean_seq_len <= 2 and 11 < max_seq_len <= 314: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32
-#   20. num_seqs > 17 and mean_seq_len <= 22 and max_seq_len > 314: cuda_prefill_staged.r64s4, 6 workloads, 1.21x (1.07x .. 1.55x) over vllm_flashinfer_prefill
-#   21. num_seqs > 17 and 2 < mean_seq_len <= 45 and max_seq_len <= 314: cuda_prefill_staged.r64s4, 22 workloads, 1.32x (1.13x .. 1.52x) over vllm_flashinfer_prefill
-#   22. num_seqs > 45 and mean_seq_len > 22 and 314 < max_seq_len <= 408: vllm_flashinfer_prefill (baseline), 0 workloads
-#   23. num_seqs > 45 and mean_seq_len > 22 and max_seq_len > 4528: cuda_prefill_staged.r64s4, 2 workloads, 1.05x (1.04x .. 1.05x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   24. num_seqs > 62 and mean_seq_len <= 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.64x (1.61x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8
-#   25. num_seqs > 62 and mean_seq_len <= 2 and 8 < max_seq_len <= 314: cuda_prefill_staged.r64s4, 2 workloads, 1.50x (1.45x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   26. 14 < total_seq_len <= 1475 and num_seqs <= 9 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 5 workloads, 6.37x (1.68x .. 9.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   27. 90 < total_seq_len <= 362 and 9 < num_seqs <= 17 and max_seq_len <= 495: cuda_prefill_staged.r32s4, 6 workloads, 1.11x (1.06x .. 1.15x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   28. 362 < total_seq_len <= 724 and 9 < num_seqs <= 17 and max_seq_len <= 174: cuda_prefill_staged.r64s4, 2 workloads, 1.04x (1.03x .. 1.05x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   29. 362 < total_seq_len <= 1448 and 9 < num_seqs <= 17 and 174 < max_seq_len <= 495: cuda_prefill_staged.r32s4, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   30. total_seq_len > 724 and 9 < num_seqs <= 17 and max_seq_len <= 174: flashinfer_direct, 3 workloads, 1.10x (1.08x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   31. 1448 < total_seq_len <= 5792 and 9 < num_seqs <= 17 and 495 < max_seq_len <= 856: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   32. total_seq_len > 1448 and 9 < num_seqs <= 17 and 174 < max_seq_len <= 495: flashinfer_direct, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   33. 1475 < total_seq_len <= 4048 and num_seqs <= 9 and max_seq_len > 2047: cuda_prefill_cp.p4, 3 workloads, 1.15x (1.07x .. 1.26x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   34. total_seq_len > 1475 and num_seqs <= 5 and mean_seq_len > 362 and max_seq_len <= 1380: cuda_prefill_staged.r32s4, 2 workloads, 2.44x (2.10x .. 2.84x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   35. total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len <= 362 and max_seq_len <= 639: vllm_flashinfer_prefill.cp_off, 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   36. total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len <= 362 and 639 < max_seq_len <= 1380: cuda_prefill_staged.r32s4, 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   37. total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len <= 724 and 1380 < max_seq_len <= 2047: cuda_prefill_staged.r32s4, 2 workloads, 1.12x (1.05x .. 1.20x) over vllm_flashinfer_prefill
-#   38. total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len > 724 and 1380 < max_seq_len <= 2047: cuda_prefill_cp.p4, 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p8; engine plugins keep the engine's kernel (`hand_back`)
-#   39. total_seq_len > 1475 and 5 < num_seqs <= 9 and mean_seq_len > 362 and max_seq_len <= 1380: flashinfer_direct, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
-#   40. total_seq_len > 2896 and 9 < num_seqs <= 17 and 856 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   41. total_seq_len > 2896 and 9 < num_seqs <= 17 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
-#   42. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 22 and 408 < max_seq_len <= 4528: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
-#   43. 4048 < total_seq_len <= 6292 and num_seqs <= 9 and 2047 < max_seq_len <= 3399: cuda_prefill_cp.p4, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   44. 4048 < total_seq_len <= 6845 and num_seqs <= 1 and max_seq_len > 3399: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
-#   45. 4048 < total_seq_len <= 6845 and 1 < num_seqs <= 9 and max_seq_len > 3399: cuda_prefill_cp.p8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   46. total_seq_len > 5792 and 9 < num_seqs <= 17 and 495 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
-#   47. total_seq_len > 5792 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 856: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   48. total_seq_len > 5792 and num_seqs > 17 and mean_seq_len > 45 and max_seq_len <= 314: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32
-#   49. total_seq_len > 6292 and num_seqs <= 5 and 2047 < max_seq_len <= 3399: flashinfer_direct, 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   50. total_seq_len > 6292 and 5 < num_seqs <= 9 and 2047 < max_seq_len <= 3399: cuda_prefill_staged.r32s4, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   51. 6845 < total_seq_len <= 23170 and num_seqs <= 9 and mean_seq_len <= 1448 and max_seq_len > 3399: cuda_prefill_cp.p8, 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   52. 6845 < total_seq_len <= 23170 and num_seqs <= 9 and mean_seq_len > 1448 and max_seq_len > 3399: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   53. total_seq_len > 23170 and num_seqs <= 9 and 3399 < max_seq_len <= 7663: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   54. total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 90 and 9 < num_seqs <= 17 and 11 < max_seq_len <= 504: cuda_prefill_staged.r32s4, 2 workloads, 1.18x (1.17x .. 1.19x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   4. total_seq_len <= 1448 and num_seqs <= 9 and 7 < max_seq_len <= 17: triton_prefill_fused.c16v32, 6 workloads, 7.15x (6.86x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   5. total_seq_len <= 1448 and num_seqs <= 9 and 17 < max_seq_len <= 795: cuda_prefill_staged.r32s4, 38 workloads, 3.62x (1.71x .. 6.23x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   6. total_seq_len <= 1448 and 9 < num_seqs <= 17 and 504 < max_seq_len <= 856: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 2896 and num_seqs <= 9 and 795 < max_seq_len <= 1081: cuda_prefill_cp.p4, 4 workloads, 1.65x (1.42x .. 2.03x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct
+#   8. total_seq_len <= 2896 and 17 < num_seqs <= 45 and 11 < mean_seq_len <= 45: cuda_prefill_staged.r64s4, 7 workloads, 1.20x (1.07x .. 1.42x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len <= 2 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.75x (1.61x .. 2.24x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4
+#   10. total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len <= 2 and max_seq_len > 9: cuda_prefill_staged.r64s4, 2 workloads, 1.50x (1.45x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   11. total_seq_len <= 2896 and num_seqs > 17 and 2 < mean_seq_len <= 11: cuda_prefill_staged.r64s4, 14 workloads, 1.39x (1.10x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   12. total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 45 and max_seq_len <= 316: flashinfer_direct, 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 45 and 316 < max_seq_len <= 639: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   14. total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 45 and max_seq_len > 639: cuda_prefill_cp.p8, 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_staged.r64s4
+#   15. total_seq_len <= 2896 and num_seqs > 45 and 11 < mean_seq_len <= 45 and max_seq_len <= 932: cuda_prefill_staged.r64s4, 5 workloads, 1.22x (1.08x .. 1.32x) over vllm_flashinfer_prefill
+#   16. total_seq_len <= 2896 and num_seqs > 45 and 11 < mean_seq_len <= 45 and max_seq_len > 932: cuda_prefill_cp.p8, 1 workloads, 1.40x (1.40x .. 1.40x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   17. total_seq_len <= 5792 and 9 < num_seqs <= 17 and max_seq_len > 856: cuda_prefill_cp.p8, 2 workloads, 1.22x (1.06x .. 1.40x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   18. total_seq_len <= 6845 and num_seqs <= 2 and max_seq_len > 1081: cuda_prefill_cp.p4, 5 workloads, 1.25x (1.05x .. 1.51x) over vllm_flashinfer_prefill
+#   19. total_seq_len <= 6845 and 2 < num_seqs <= 9 and max_seq_len > 1081: cuda_prefill_cp.p8, 6 workloads, 1.39x (1.05x .. 2.01x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   20. num_seqs <= 1 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.73x (8.73x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64
+#   21. 1 < num_seqs <= 9 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 10.30x (10.30x .. 10.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   22. total_seq_len > 14 and num_seqs <= 9 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 5 workloads, 6.37x (1.68x .. 9.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   23. 90 < total_seq_len <= 362 and 9 < num_seqs <= 17 and max_seq_len <= 504: cuda_prefill_staged.r32s4, 6 workloads, 1.11x (1.06x .. 1.15x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   24. 362 < total_seq_len <= 724 and 9 < num_seqs <= 17 and max_seq_len <= 174: cuda_prefill_staged.r64s4, 2 workloads, 1.04x (1.03x .. 1.05x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   25. 362 < total_seq_len <= 1448 and 9 < num_seqs <= 17 and 174 < max_seq_len <= 504: cuda_prefill_staged.r32s4, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len > 724 and 9 < num_seqs <= 17 and max_seq_len <= 174: flashinfer_direct, 3 workloads, 1.10x (1.08x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   27. 1448 < total_seq_len <= 5792 and 9 < num_seqs <= 17 and 504 < max_seq_len <= 856: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   28. total_seq_len > 1448 and num_seqs <= 5 and 7 < max_seq_len <= 795: cuda_prefill_staged.r32s4, 2 workloads, 2.44x (2.10x .. 2.84x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_cp.p4, cuda_prefill_cp.p8
+#   29. total_seq_len > 1448 and 5 < num_seqs <= 9 and 7 < max_seq_len <= 795: vllm_flashinfer_prefill.cp_off, 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p8
+#   30. total_seq_len > 1448 and 9 < num_seqs <= 17 and 174 < max_seq_len <= 504: flashinfer_direct, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   31. 2896 < total_seq_len <= 6845 and num_seqs <= 9 and 795 < max_seq_len <= 1081: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   32. 2896 < total_seq_len <= 11585 and num_seqs > 17 and 1659 < max_seq_len <= 2712: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
+#   33. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len <= 22 and 316 < max_seq_len <= 1659: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   34. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len <= 45 and max_seq_len <= 316: cuda_prefill_staged.r64s4, 3 workloads, 1.23x (1.22x .. 1.25x) over vllm_flashinfer_prefill
+#   35. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len <= 362 and 2712 < max_seq_len <= 3435: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
+#   36. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len <= 724 and max_seq_len > 3435: cuda_prefill_cp.p8, 3 workloads, 1.78x (1.44x .. 2.02x) over vllm_flashinfer_prefill
+#   37. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 22 and 316 < max_seq_len <= 1659: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
+#   38. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 45 and max_seq_len <= 316: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32
+#   39. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 362 and 2712 < max_seq_len <= 3435: vllm_flashinfer_prefill (baseline), 0 workloads
+#   40. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 724 and 3435 < max_seq_len <= 7152: vllm_flashinfer_prefill (baseline), 0 workloads
+#   41. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 724 and max_seq_len > 7152: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
+#   42. 5792 < total_seq_len <= 23170 and 9 < num_seqs <= 17 and 504 < max_seq_len <= 4528: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   43. 5792 < total_seq_len <= 23170 and 9 < num_seqs <= 17 and max_seq_len > 4528: cuda_prefill_cp.p8, 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill
+#   44. total_seq_len > 6845 and num_seqs <= 9 and mean_seq_len <= 1448 and max_seq_len > 1920: cuda_prefill_cp.p8, 2 workloads, 1.34x (1.17x .. 1.54x) over vllm_flashinfer_prefill
+#   45. total_seq_len > 6845 and num_seqs <= 9 and 795 < max_seq_len <= 1380: flashinfer_direct, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   46. total_seq_len > 6845 and num_seqs <= 9 and 1380 < max_seq_len <= 1920: vllm_flashinfer_prefill (baseline), 0 workloads
+#   47. total_seq_len > 6845 and num_seqs <= 9 and 1448 < mean_seq_len <= 2896 and max_seq_len > 1920: cuda_prefill_cp.p8, 3 workloads, 1.17x (1.13x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   48. total_seq_len > 6845 and num_seqs <= 9 and mean_seq_len > 2896 and max_seq_len > 1920: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   49. total_seq_len > 11585 and num_seqs > 17 and 1659 < max_seq_len <= 2712: vllm_flashinfer_prefill (baseline), 0 workloads
+#   50. total_seq_len > 23170 and 9 < num_seqs <= 17 and max_seq_len > 504: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 36 and num_seqs <= 9 and mean_seq_len <= 914 and max_seq_len <= 26: cuda_prefill_pool_rows.k8c8, 15 workloads, 8.52x (6.20x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 36 and num_seqs <= 9 and mean_seq_len <= 914 and 26 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 2 workloads, 8.42x (7.36x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 181 and num_seqs > 32 and mean_seq_len <= 355 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.12x (3.12x .. 3.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 181 and num_seqs > 32 and mean_seq_len <= 355 and 2 < max_seq_len <= 14: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.27x (3.15x .. 3.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 2896 and 914 < mean_seq_len <= 1254 and max_seq_len <= 2946: cuda_prefill_staged.r32s4, 1 workloads, 3.98x (3.98x .. 3.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   6. total_seq_len <= 2896 and mean_seq_len > 1254 and max_seq_len <= 2946: cuda_prefill_cp.p4, 2 workloads, 5.30x (4.65x .. 6.04x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, flashinfer_direct
-#   7. num_seqs <= 1 and mean_seq_len > 914 and 2946 < max_seq_len <= 5008: cuda_prefill_cp.p8, 2 workloads, 1.78x (1.55x .. 2.04x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   8. num_seqs <= 2 and 914 < mean_seq_len <= 12872 and max_seq_len > 5008: cuda_prefill_cp.p8, 2 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill
-#   9. num_seqs <= 2 and mean_seq_len > 12872 and max_seq_len > 5008: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   10. num_seqs <= 9 and mean_seq_len <= 914 and 64 < max_seq_len <= 98: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.93x (4.45x .. 10.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. num_seqs <= 9 and mean_seq_len <= 914 and 98 < max_seq_len <= 132: cuda_prefill_staged.r64s4, 7 workloads, 7.59x (3.77x .. 11.06x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. num_seqs <= 9 and mean_seq_len <= 914 and max_seq_len > 132: cuda_prefill_staged.r32s4, 28 workloads, 5.97x (2.77x .. 9.42x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   13. num_seqs > 1 and 914 < mean_seq_len <= 1448 and 2946 < max_seq_len <= 5008: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   14. num_seqs > 1 and mean_seq_len > 1448 and 2946 < max_seq_len <= 5008: vllm_flashinfer_prefill (baseline), 0 workloads
-#   15. 2 < num_seqs <= 11 and mean_seq_len > 914 and max_seq_len > 11579: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
-#   16. num_seqs > 2 and mean_seq_len > 914 and 5008 < max_seq_len <= 7660: cuda_prefill_cp.p8, 4 workloads, 2.86x (1.98x .. 3.51x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   17. num_seqs > 2 and mean_seq_len > 914 and 7660 < max_seq_len <= 11579: vllm_flashinfer_prefill (baseline), 0 workloads
-#   18. 9 < num_seqs <= 32 and mean_seq_len <= 5 and 5 < max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.22x (4.22x .. 4.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32
-#   19. 9 < num_seqs <= 32 and mean_seq_len <= 914 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 2 workloads, 5.17x (4.37x .. 6.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   20. 9 < num_seqs <= 32 and mean_seq_len <= 914 and max_seq_len > 16: cuda_prefill_staged.r64s4, 31 workloads, 3.08x (1.75x .. 5.53x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   21. 9 < num_seqs <= 32 and 5 < mean_seq_len <= 914 and 5 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 3 workloads, 6.29x (5.73x .. 7.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   22. num_seqs > 11 and mean_seq_len > 914 and max_seq_len > 11579: vllm_flashinfer_prefill (baseline), 0 workloads
-#   23. num_seqs > 32 and mean_seq_len <= 355 and max_seq_len > 14: cuda_prefill_staged.r64s4, 24 workloads, 2.55x (1.30x .. 4.18x) over vllm_flashinfer_prefill
-#   24. num_seqs > 32 and 355 < mean_seq_len <= 914 and max_seq_len <= 2896: flashinfer_direct, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   25. num_seqs > 32 and 355 < mean_seq_len <= 914 and max_seq_len > 2896: vllm_flashinfer_prefill (baseline), 0 workloads
-#   26. total_seq_len > 36 and num_seqs <= 9 and mean_seq_len <= 914 and max_seq_len <= 40: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.60x (2.99x .. 13.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 36 and num_seqs <= 9 and mean_seq_len <= 914 and 40 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 5 workloads, 7.45x (4.77x .. 10.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   28. total_seq_len > 181 and num_seqs > 32 and mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.86x (2.07x .. 3.53x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   29. total_seq_len > 181 and num_seqs > 32 and 5 < mean_seq_len <= 355 and max_seq_len <= 14: cuda_prefill_staged.r64s4, 3 workloads, 3.01x (2.90x .. 3.23x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   30. total_seq_len > 2896 and num_seqs <= 5 and mean_seq_len > 914 and 1448 < max_seq_len <= 2946: flashinfer_direct, 2 workloads, 2.35x (2.25x .. 2.46x) over vllm_flashinfer_prefill
-#   31. total_seq_len > 2896 and mean_seq_len > 914 and max_seq_len <= 1448: cuda_prefill_staged.r64s4, 1 workloads, 4.52x (4.52x .. 4.52x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   32. total_seq_len > 2896 and num_seqs > 5 and mean_seq_len > 914 and 1448 < max_seq_len <= 2946: cuda_prefill_staged.r64s4, 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 36 and num_seqs <= 12 and max_seq_len <= 26: cuda_prefill_pool_rows.k8c8, 15 workloads, 8.52x (6.20x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 36 and num_seqs <= 12 and 26 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 2 workloads, 8.42x (7.36x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 181 and num_seqs > 12 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.65x (3.15x .. 4.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   4. total_seq_len <= 181 and num_seqs > 12 and 16 < max_seq_len <= 42: cuda_prefill_pool_rows.k8c8, 1 workloads, 3.54x (3.54x .. 3.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 267 and num_seqs <= 12 and 64 < max_seq_len <= 98: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.93x (4.45x .. 10.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 267 and num_seqs <= 12 and 98 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 10 workloads, 6.85x (3.77x .. 11.06x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 267 and num_seqs > 12 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 6 workloads, 4.22x (2.76x .. 7.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 267 and num_seqs > 12 and 42 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 5 workloads, 3.36x (2.60x .. 4.49x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
+#   9. total_seq_len <= 12405 and mean_seq_len > 4557 and max_seq_len > 2036: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64
+#   10. total_seq_len <= 15790 and mean_seq_len <= 4557 and max_seq_len > 2036: cuda_prefill_cp.p8, 15 workloads, 2.95x (1.82x .. 4.70x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   11. 36 < total_seq_len <= 267 and num_seqs <= 12 and max_seq_len <= 40: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.60x (2.99x .. 13.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. 36 < total_seq_len <= 267 and num_seqs <= 12 and 40 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 4 workloads, 7.70x (4.77x .. 10.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. 181 < total_seq_len <= 267 and num_seqs > 12 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 2 workloads, 4.50x (3.53x .. 5.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   14. 181 < total_seq_len <= 267 and num_seqs > 12 and 16 < max_seq_len <= 42: cuda_prefill_staged.r64s4, 1 workloads, 5.53x (5.53x .. 5.53x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   15. 267 < total_seq_len <= 789 and num_seqs <= 32 and max_seq_len <= 38: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.94x (4.29x .. 5.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   16. 267 < total_seq_len <= 789 and num_seqs <= 32 and 38 < max_seq_len <= 495: cuda_prefill_staged.r64s4, 10 workloads, 4.93x (2.91x .. 8.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 267 < total_seq_len <= 789 and num_seqs > 32 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.70x (2.07x .. 3.17x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 267 < total_seq_len <= 789 and num_seqs > 32 and 8 < max_seq_len <= 495: cuda_prefill_staged.r64s4, 5 workloads, 3.28x (2.68x .. 4.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   19. 267 < total_seq_len <= 1254 and mean_seq_len > 852 and 495 < max_seq_len <= 2036: cuda_prefill_cp.p4, 1 workloads, 5.20x (5.20x .. 5.20x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct
+#   20. 267 < total_seq_len <= 2896 and num_seqs <= 22 and mean_seq_len <= 852 and 495 < max_seq_len <= 2036: cuda_prefill_staged.r32s4, 16 workloads, 5.43x (2.97x .. 8.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   21. total_seq_len > 267 and num_seqs > 22 and mean_seq_len <= 852 and 495 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 8 workloads, 2.64x (1.94x .. 3.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   22. 789 < total_seq_len <= 19714 and max_seq_len <= 495: cuda_prefill_staged.r64s4, 27 workloads, 3.32x (1.77x .. 8.90x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   23. 1254 < total_seq_len <= 5792 and mean_seq_len > 852 and 495 < max_seq_len <= 2036: cuda_prefill_staged.r32s4, 1 workloads, 5.64x (5.64x .. 5.64x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct
+#   24. total_seq_len > 2896 and num_seqs <= 22 and mean_seq_len <= 852 and 495 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 2 workloads, 2.48x (1.86x .. 3.30x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 5792 and mean_seq_len > 852 and 495 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 1 workloads, 4.52x (4.52x .. 4.52x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   26. 12405 < total_seq_len <= 15790 and mean_seq_len > 4557 and max_seq_len > 2036: cuda_prefill_cp.p4, 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p8; engine plugins keep the engine's kernel (`hand_back`)
+#   27. 15790 < total_seq_len <= 23170 and num_seqs <= 1 and max_seq_len > 2036: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4
+#   28. 15790 < total_seq_len <= 23170 and num_seqs > 1 and max_seq_len > 2036: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4
+#   29. total_seq_len > 19714 and max_seq_len <= 495: flashinfer_direct, 2 workloads, 1.33x (1.24x .. 1.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   30. total_seq_len > 23170 and 2036 < max_seq_len <= 32765: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
+#   31. total_seq_len > 23170 and max_seq_len > 32765: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (None, 9), 'total_seq_len': (None, 14)}, 'workloads': 3, 'speedup': (7.66, 7.77, 7.84), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (9, 17), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (1.34, 1.34, 1.34), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (11, 495), 'num_seqs': (9, 17), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (1.17, 1.18, 1.19), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 856), 'num_seqs': (9, 17), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 1), 'total_seq_len': (None, 1475)}, 'workloads': 1, 'speedup': (8.73, 8.73, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 17), 'mean_seq_len': (None, 362), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 6, 'speedup': (6.86, 7.15, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 362), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 37, 'speedup': (1.64, 3.67, 6.23), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (7, 795), 'mean_seq_len': (362, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 3, 'speedup': (1.71, 1.94, 2.1), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 9, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (795, None), 'mean_seq_len': (362, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1475)}, 'workloads': 3, 'speedup': (1.3, 1.36, 1.42), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (1, 9), 'total_seq_len': (None, 1475)}, 'workloads': 1, 'speedup': (10.3, 10.3, 10.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (856, None), 'num_seqs': (9, 17), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.14, 1.15, 1.15), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (408, 4528), 'mean_seq_len': (22, None), 'num_seqs': (17, None), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (1.15, 1.17, 1.2), 'fallbacks': ()},
-    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (45, None), 'num_seqs': (17, 45), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.06, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 206), 'mean_seq_len': (45, None), 'num_seqs': (45, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (206, 314), 'mean_seq_len': (45, None), 'num_seqs': (45, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (314, 408), 'mean_seq_len': (22, None), 'num_seqs': (17, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (22, None), 'num_seqs': (17, 45)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': ('cuda_prefill_staged.r64s4',), 'hand_back': True},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 2), 'num_seqs': (17, 62)}, 'workloads': 2, 'speedup': (1.75, 1.94, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 314), 'mean_seq_len': (None, 2), 'num_seqs': (17, 62)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (314, None), 'mean_seq_len': (None, 22), 'num_seqs': (17, None)}, 'workloads': 6, 'speedup': (1.07, 1.21, 1.55), 'fallbacks': ()},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (2, 45), 'num_seqs': (17, None)}, 'workloads': 22, 'speedup': (1.13, 1.32, 1.52), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (314, 408), 'mean_seq_len': (22, None), 'num_seqs': (45, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (22, None), 'num_seqs': (45, None)}, 'workloads': 2, 'speedup': (1.04, 1.05, 1.05), 'fallbacks': (), 'hand_back': True},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 2), 'num_seqs': (62, None)}, 'workloads': 4, 'speedup': (1.61, 1.64, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 314), 'mean_seq_len': (None, 2), 'num_seqs': (62, None)}, 'workloads': 2, 'speedup': (1.45, 1.5, 1.56), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (None, 9), 'total_seq_len': (14, 1475)}, 'workloads': 5, 'speedup': (1.68, 6.37, 9.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 495), 'num_seqs': (9, 17), 'total_seq_len': (90, 362)}, 'workloads': 6, 'speedup': (1.06, 1.11, 1.15), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 174), 'num_seqs': (9, 17), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (1.03, 1.04, 1.05), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (174, 495), 'num_seqs': (9, 17), 'total_seq_len': (362, 1448)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 174), 'num_seqs': (9, 17), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.08, 1.1, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 856), 'num_seqs': (9, 17), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (174, 495), 'num_seqs': (9, 17), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 33, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (2047, None), 'num_seqs': (None, 9), 'total_seq_len': (1475, 4048)}, 'workloads': 3, 'speedup': (1.07, 1.15, 1.26), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 34, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 1380), 'mean_seq_len': (362, None), 'num_seqs': (None, 5), 'total_seq_len': (1475, None)}, 'workloads': 2, 'speedup': (2.1, 2.44, 2.84), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 639), 'mean_seq_len': (None, 362), 'num_seqs': (None, 9), 'total_seq_len': (1475, None)}, 'workloads': 1, 'speedup': (4.29, 4.29, 4.29), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 36, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (639, 1380), 'mean_seq_len': (None, 362), 'num_seqs': (None, 9), 'total_seq_len': (1475, None)}, 'workloads': 1, 'speedup': (1.82, 1.82, 1.82), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 37, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1380, 2047), 'mean_seq_len': (None, 724), 'num_seqs': (None, 9), 'total_seq_len': (1475, None)}, 'workloads': 2, 'speedup': (1.05, 1.12, 1.2), 'fallbacks': ()},
-    {'region': 38, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1380, 2047), 'mean_seq_len': (724, None), 'num_seqs': (None, 9), 'total_seq_len': (1475, None)}, 'workloads': 1, 'speedup': (1.3, 1.3, 1.3), 'fallbacks': ('cuda_prefill_cp.p8',), 'hand_back': True},
-    {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1380), 'mean_seq_len': (362, None), 'num_seqs': (5, 9), 'total_seq_len': (1475, None)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ()},
-    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (856, 962), 'num_seqs': (9, 17), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (9, 17), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (408, 4528), 'mean_seq_len': (22, None), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 43, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (2047, 3399), 'num_seqs': (None, 9), 'total_seq_len': (4048, 6292)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': (), 'hand_back': True},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3399, None), 'num_seqs': (None, 1), 'total_seq_len': (4048, 6845)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
-    {'region': 45, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (3399, None), 'num_seqs': (1, 9), 'total_seq_len': (4048, 6845)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': (), 'hand_back': True},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (495, 639), 'num_seqs': (9, 17), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
-    {'region': 47, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 856), 'num_seqs': (9, 17), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 314), 'mean_seq_len': (45, None), 'num_seqs': (17, None), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2047, 3399), 'num_seqs': (None, 5), 'total_seq_len': (6292, None)}, 'workloads': 1, 'speedup': (1.34, 1.34, 1.34), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 50, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2047, 3399), 'num_seqs': (5, 9), 'total_seq_len': (6292, None)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off'), 'hand_back': True},
-    {'region': 51, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (3399, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 9), 'total_seq_len': (6845, 23170)}, 'workloads': 1, 'speedup': (1.25, 1.25, 1.25), 'fallbacks': (), 'hand_back': True},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3399, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 9), 'total_seq_len': (6845, 23170)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 53, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (3399, 7663), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7663, None), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (11, 504), 'num_seqs': (9, 17), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (1.17, 1.18, 1.19), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 17), 'num_seqs': (None, 9), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (6.86, 7.15, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (17, 795), 'num_seqs': (None, 9), 'total_seq_len': (None, 1448)}, 'workloads': 38, 'speedup': (1.71, 3.62, 6.23), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (504, 856), 'num_seqs': (9, 17), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (795, 1081), 'num_seqs': (None, 9), 'total_seq_len': (None, 2896)}, 'workloads': 4, 'speedup': (1.42, 1.65, 2.03), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (11, 45), 'num_seqs': (17, 45), 'total_seq_len': (None, 2896)}, 'workloads': 7, 'speedup': (1.07, 1.2, 1.42), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (None, 2), 'num_seqs': (17, None), 'total_seq_len': (None, 2896)}, 'workloads': 6, 'speedup': (1.61, 1.75, 2.24), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (9, None), 'mean_seq_len': (None, 2), 'num_seqs': (17, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.45, 1.5, 1.56), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 11), 'num_seqs': (17, None), 'total_seq_len': (None, 2896)}, 'workloads': 14, 'speedup': (1.1, 1.39, 1.55), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 316), 'mean_seq_len': (45, None), 'num_seqs': (17, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.06, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (316, 639), 'mean_seq_len': (45, None), 'num_seqs': (17, None), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 14, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (639, None), 'mean_seq_len': (45, None), 'num_seqs': (17, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 932), 'mean_seq_len': (11, 45), 'num_seqs': (45, None), 'total_seq_len': (None, 2896)}, 'workloads': 5, 'speedup': (1.08, 1.22, 1.32), 'fallbacks': ()},
+    {'region': 16, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (932, None), 'mean_seq_len': (11, 45), 'num_seqs': (45, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.4, 1.4, 1.4), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 17, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (856, None), 'num_seqs': (9, 17), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.06, 1.22, 1.4), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 18, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1081, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 6845)}, 'workloads': 5, 'speedup': (1.05, 1.25, 1.51), 'fallbacks': ()},
+    {'region': 19, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1081, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 6845)}, 'workloads': 6, 'speedup': (1.05, 1.39, 2.01), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 1)}, 'workloads': 1, 'speedup': (8.73, 8.73, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (1, 9)}, 'workloads': 1, 'speedup': (10.3, 10.3, 10.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (None, 9), 'total_seq_len': (14, None)}, 'workloads': 5, 'speedup': (1.68, 6.37, 9.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 504), 'num_seqs': (9, 17), 'total_seq_len': (90, 362)}, 'workloads': 6, 'speedup': (1.06, 1.11, 1.15), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 174), 'num_seqs': (9, 17), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (1.03, 1.04, 1.05), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (174, 504), 'num_seqs': (9, 17), 'total_seq_len': (362, 1448)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 174), 'num_seqs': (9, 17), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.08, 1.1, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (504, 856), 'num_seqs': (9, 17), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (7, 795), 'num_seqs': (None, 5), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (2.1, 2.44, 2.84), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (7, 795), 'num_seqs': (5, 9), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (4.29, 4.29, 4.29), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8')},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (174, 504), 'num_seqs': (9, 17), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (795, 1081), 'num_seqs': (None, 9), 'total_seq_len': (2896, 6845)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 32, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1659, 2712), 'num_seqs': (17, None), 'total_seq_len': (2896, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (316, 1659), 'mean_seq_len': (None, 22), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 316), 'mean_seq_len': (None, 45), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.22, 1.23, 1.25), 'fallbacks': ()},
+    {'region': 35, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2712, 3435), 'mean_seq_len': (None, 362), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 36, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (3435, None), 'mean_seq_len': (None, 724), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.44, 1.78, 2.02), 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (316, 1659), 'mean_seq_len': (22, None), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 316), 'mean_seq_len': (45, None), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2712, 3435), 'mean_seq_len': (362, None), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3435, 7152), 'mean_seq_len': (724, None), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 41, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (7152, None), 'mean_seq_len': (724, None), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (504, 4528), 'num_seqs': (9, 17), 'total_seq_len': (5792, 23170)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 43, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (9, 17), 'total_seq_len': (5792, 23170)}, 'workloads': 1, 'speedup': (2.03, 2.03, 2.03), 'fallbacks': ()},
+    {'region': 44, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1920, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 9), 'total_seq_len': (6845, None)}, 'workloads': 2, 'speedup': (1.17, 1.34, 1.54), 'fallbacks': ()},
+    {'region': 45, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (795, 1380), 'num_seqs': (None, 9), 'total_seq_len': (6845, None)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1380, 1920), 'num_seqs': (None, 9), 'total_seq_len': (6845, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 47, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1920, None), 'mean_seq_len': (1448, 2896), 'num_seqs': (None, 9), 'total_seq_len': (6845, None)}, 'workloads': 3, 'speedup': (1.13, 1.17, 1.2), 'fallbacks': (), 'hand_back': True},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1920, None), 'mean_seq_len': (2896, None), 'num_seqs': (None, 9), 'total_seq_len': (6845, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1659, 2712), 'num_seqs': (17, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (504, None), 'num_seqs': (9, 17), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (None, 914), 'num_seqs': (None, 9), 'total_seq_len': (None, 36)}, 'workloads': 15, 'speedup': (6.2, 8.52, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (26, 64), 'mean_seq_len': (None, 914), 'num_seqs': (None, 9), 'total_seq_len': (None, 36)}, 'workloads': 2, 'speedup': (7.36, 8.42, 9.63), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 355), 'num_seqs': (32, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (3.12, 3.12, 3.12), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 14), 'mean_seq_len': (None, 355), 'num_seqs': (32, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.15, 3.27, 3.4), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 2946), 'mean_seq_len': (914, 1254), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (3.98, 3.98, 3.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (None, 2946), 'mean_seq_len': (1254, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (4.65, 5.3, 6.04), 'fallbacks': ('cuda_prefill_cp.p8', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2946, 5008), 'mean_seq_len': (914, None), 'num_seqs': (None, 1)}, 'workloads': 2, 'speedup': (1.55, 1.78, 2.04), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 8, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (5008, None), 'mean_seq_len': (914, 12872), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (1.55, 1.55, 1.55), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5008, None), 'mean_seq_len': (12872, None), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (64, 98), 'mean_seq_len': (None, 914), 'num_seqs': (None, 9)}, 'workloads': 3, 'speedup': (4.45, 6.93, 10.53), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (98, 132), 'mean_seq_len': (None, 914), 'num_seqs': (None, 9)}, 'workloads': 7, 'speedup': (3.77, 7.59, 11.06), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (132, None), 'mean_seq_len': (None, 914), 'num_seqs': (None, 9)}, 'workloads': 28, 'speedup': (2.77, 5.97, 9.42), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2946, 5008), 'mean_seq_len': (914, 1448), 'num_seqs': (1, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2946, 5008), 'mean_seq_len': (1448, None), 'num_seqs': (1, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (11579, None), 'mean_seq_len': (914, None), 'num_seqs': (2, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (5008, 7660), 'mean_seq_len': (914, None), 'num_seqs': (2, None)}, 'workloads': 4, 'speedup': (1.98, 2.86, 3.51), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7660, 11579), 'mean_seq_len': (914, None), 'num_seqs': (2, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (5, 16), 'mean_seq_len': (None, 5), 'num_seqs': (9, 32)}, 'workloads': 1, 'speedup': (4.22, 4.22, 4.22), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 914), 'num_seqs': (9, 32)}, 'workloads': 2, 'speedup': (4.37, 5.17, 6.12), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, None), 'mean_seq_len': (None, 914), 'num_seqs': (9, 32)}, 'workloads': 31, 'speedup': (1.75, 3.08, 5.53), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (5, 16), 'mean_seq_len': (5, 914), 'num_seqs': (9, 32)}, 'workloads': 3, 'speedup': (5.73, 6.29, 7.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11579, None), 'mean_seq_len': (914, None), 'num_seqs': (11, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (None, 355), 'num_seqs': (32, None)}, 'workloads': 24, 'speedup': (1.3, 2.55, 4.18), 'fallbacks': ()},
-    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2896), 'mean_seq_len': (355, 914), 'num_seqs': (32, None)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (355, 914), 'num_seqs': (32, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 40), 'mean_seq_len': (None, 914), 'num_seqs': (None, 9), 'total_seq_len': (36, None)}, 'workloads': 6, 'speedup': (2.99, 6.6, 13.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (40, 64), 'mean_seq_len': (None, 914), 'num_seqs': (None, 9), 'total_seq_len': (36, None)}, 'workloads': 5, 'speedup': (4.77, 7.45, 10.66), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (None, 5), 'num_seqs': (32, None), 'total_seq_len': (181, None)}, 'workloads': 5, 'speedup': (2.07, 2.86, 3.53), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (5, 355), 'num_seqs': (32, None), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (2.9, 3.01, 3.23), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1448, 2946), 'mean_seq_len': (914, None), 'num_seqs': (None, 5), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (2.25, 2.35, 2.46), 'fallbacks': ()},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1448), 'mean_seq_len': (914, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (4.52, 4.52, 4.52), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1448, 2946), 'mean_seq_len': (914, None), 'num_seqs': (5, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.91, 2.91, 2.91), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 26), 'num_seqs': (None, 12), 'total_seq_len': (None, 36)}, 'workloads': 15, 'speedup': (6.2, 8.52, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (26, 64), 'num_seqs': (None, 12), 'total_seq_len': (None, 36)}, 'workloads': 2, 'speedup': (7.36, 8.42, 9.63), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, 16), 'num_seqs': (12, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.15, 3.65, 4.22), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (16, 42), 'num_seqs': (12, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (3.54, 3.54, 3.54), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (64, 98), 'num_seqs': (None, 12), 'total_seq_len': (None, 267)}, 'workloads': 3, 'speedup': (4.45, 6.93, 10.53), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (98, 2036), 'num_seqs': (None, 12), 'total_seq_len': (None, 267)}, 'workloads': 10, 'speedup': (3.77, 6.85, 11.06), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (12, None), 'total_seq_len': (None, 267)}, 'workloads': 6, 'speedup': (2.76, 4.22, 7.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (42, 2036), 'num_seqs': (12, None), 'total_seq_len': (None, 267)}, 'workloads': 5, 'speedup': (2.6, 3.36, 4.49), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2036, None), 'mean_seq_len': (4557, None), 'total_seq_len': (None, 12405)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, None), 'mean_seq_len': (None, 4557), 'total_seq_len': (None, 15790)}, 'workloads': 15, 'speedup': (1.82, 2.95, 4.7), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 40), 'num_seqs': (None, 12), 'total_seq_len': (36, 267)}, 'workloads': 6, 'speedup': (2.99, 6.6, 13.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (40, 64), 'num_seqs': (None, 12), 'total_seq_len': (36, 267)}, 'workloads': 4, 'speedup': (4.77, 7.7, 10.66), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 16), 'num_seqs': (12, None), 'total_seq_len': (181, 267)}, 'workloads': 2, 'speedup': (3.53, 4.5, 5.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 42), 'num_seqs': (12, None), 'total_seq_len': (181, 267)}, 'workloads': 1, 'speedup': (5.53, 5.53, 5.53), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 38), 'num_seqs': (None, 32), 'total_seq_len': (267, 789)}, 'workloads': 3, 'speedup': (4.29, 4.94, 5.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (38, 495), 'num_seqs': (None, 32), 'total_seq_len': (267, 789)}, 'workloads': 10, 'speedup': (2.91, 4.93, 8.48), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (32, None), 'total_seq_len': (267, 789)}, 'workloads': 3, 'speedup': (2.07, 2.7, 3.17), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 495), 'num_seqs': (32, None), 'total_seq_len': (267, 789)}, 'workloads': 5, 'speedup': (2.68, 3.28, 4.18), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 19, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (495, 2036), 'mean_seq_len': (852, None), 'total_seq_len': (267, 1254)}, 'workloads': 1, 'speedup': (5.2, 5.2, 5.2), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 2036), 'mean_seq_len': (None, 852), 'num_seqs': (None, 22), 'total_seq_len': (267, 2896)}, 'workloads': 16, 'speedup': (2.97, 5.43, 8.16), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (495, 2036), 'mean_seq_len': (None, 852), 'num_seqs': (22, None), 'total_seq_len': (267, None)}, 'workloads': 8, 'speedup': (1.94, 2.64, 3.39), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 495), 'total_seq_len': (789, 19714)}, 'workloads': 27, 'speedup': (1.77, 3.32, 8.9), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 2036), 'mean_seq_len': (852, None), 'total_seq_len': (1254, 5792)}, 'workloads': 1, 'speedup': (5.64, 5.64, 5.64), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (495, 2036), 'mean_seq_len': (None, 852), 'num_seqs': (None, 22), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.86, 2.48, 3.3), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (495, 2036), 'mean_seq_len': (852, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (4.52, 4.52, 4.52), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (2036, None), 'mean_seq_len': (4557, None), 'total_seq_len': (12405, 15790)}, 'workloads': 1, 'speedup': (2.03, 2.03, 2.03), 'fallbacks': ('cuda_prefill_cp.p8',), 'hand_back': True},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2036, None), 'num_seqs': (None, 1), 'total_seq_len': (15790, 23170)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4')},
+    {'region': 28, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, None), 'num_seqs': (1, None), 'total_seq_len': (15790, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 495), 'total_seq_len': (19714, None)}, 'workloads': 2, 'speedup': (1.24, 1.33, 1.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 30, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, 32765), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32765, None), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -389,155 +384,134 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len <= 90 and 9 < num_seqs <= 17 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 3: 2 workloads, 1.18x (1.17x .. 1.19x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and 9 < num_seqs <= 17 and 11 < max_seq_len <= 495:
+    if total_seq_len <= 90 and 9 < num_seqs <= 17 and 11 < max_seq_len <= 504:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1448 and 9 < num_seqs <= 17 and 495 < max_seq_len <= 856:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 5: 1 workloads, 8.73x (8.73x .. 8.73x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1475 and num_seqs <= 1 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 6 workloads, 7.15x (6.86x .. 7.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 362 and 7 < max_seq_len <= 17:
+    # region 4: 6 workloads, 7.15x (6.86x .. 7.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs <= 9 and 7 < max_seq_len <= 17:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 37 workloads, 3.67x (1.64x .. 6.23x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len <= 362 and max_seq_len > 17:
+    # region 5: 38 workloads, 3.62x (1.71x .. 6.23x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs <= 9 and 17 < max_seq_len <= 795:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 3 workloads, 1.94x (1.71x .. 2.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len > 362 and 7 < max_seq_len <= 795:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 9: 3 workloads, 1.36x (1.30x .. 1.42x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1475 and num_seqs <= 9 and mean_seq_len > 362 and max_seq_len > 795:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p4'
-    # region 10: 1 workloads, 10.30x (10.30x .. 10.30x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1475 and 1 < num_seqs <= 9 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 2 workloads, 1.15x (1.14x .. 1.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and 9 < num_seqs <= 17 and max_seq_len > 856:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 12: 3 workloads, 1.17x (1.15x .. 1.20x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 22 and 408 < max_seq_len <= 4528:
-        return 'cuda_prefill_staged.r64s4'
-    # region 13: 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and 17 < num_seqs <= 45 and mean_seq_len > 45 and max_seq_len <= 314:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 5792 and num_seqs > 45 and mean_seq_len > 45 and max_seq_len <= 206:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if 17 < num_seqs <= 45 and mean_seq_len > 22 and 314 < max_seq_len <= 408:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 17: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call
-    if 17 < num_seqs <= 45 and mean_seq_len > 22 and max_seq_len > 4528:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 18: 2 workloads, 1.94x (1.75x .. 2.16x) over vllm_flashinfer_prefill
-    if 17 < num_seqs <= 62 and mean_seq_len <= 2 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if 17 < num_seqs <= 62 and mean_seq_len <= 2 and 11 < max_seq_len <= 314:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 6 workloads, 1.21x (1.07x .. 1.55x) over vllm_flashinfer_prefill
-    if num_seqs > 17 and mean_seq_len <= 22 and max_seq_len > 314:
-        return 'cuda_prefill_staged.r64s4'
-    # region 21: 22 workloads, 1.32x (1.13x .. 1.52x) over vllm_flashinfer_prefill
-    if num_seqs > 17 and 2 < mean_seq_len <= 45 and max_seq_len <= 314:
-        return 'cuda_prefill_staged.r64s4'
-    # region 23: 2 workloads, 1.05x (1.04x .. 1.05x) over vllm_flashinfer_prefill's guarded call
-    if num_seqs > 45 and mean_seq_len > 22 and max_seq_len > 4528:
-        return 'cuda_prefill_staged.r64s4'
-    # region 24: 4 workloads, 1.64x (1.61x .. 1.66x) over vllm_flashinfer_prefill
-    if num_seqs > 62 and mean_seq_len <= 2 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 2 workloads, 1.50x (1.45x .. 1.56x) over vllm_flashinfer_prefill
-    if num_seqs > 62 and mean_seq_len <= 2 and 8 < max_seq_len <= 314:
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 1448 and 9 < num_seqs <= 17 and 504 < max_seq_len <= 856:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p8'
+    # region 7: 4 workloads, 1.65x (1.42x .. 2.03x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs <= 9 and 795 < max_seq_len <= 1081:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
+    # region 8: 7 workloads, 1.20x (1.07x .. 1.42x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and 17 < num_seqs <= 45 and 11 < mean_seq_len <= 45:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 6 workloads, 1.75x (1.61x .. 2.24x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len <= 2 and max_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 2 workloads, 1.50x (1.45x .. 1.56x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len <= 2 and max_seq_len > 9:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 5 workloads, 6.37x (1.68x .. 9.45x) over vllm_flashinfer_prefill
-    if 14 < total_seq_len <= 1475 and num_seqs <= 9 and 2 < max_seq_len <= 7:
+    # region 11: 14 workloads, 1.39x (1.10x .. 1.55x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 17 and 2 < mean_seq_len <= 11:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 45 and max_seq_len <= 316:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 45 and 316 < max_seq_len <= 639:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 14: 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 45 and max_seq_len > 639:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p8'
+    # region 15: 5 workloads, 1.22x (1.08x .. 1.32x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 45 and 11 < mean_seq_len <= 45 and max_seq_len <= 932:
+        return 'cuda_prefill_staged.r64s4'
+    # region 16: 1 workloads, 1.40x (1.40x .. 1.40x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 45 and 11 < mean_seq_len <= 45 and max_seq_len > 932:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_cp.p8'
+    # region 17: 2 workloads, 1.22x (1.06x .. 1.40x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and 9 < num_seqs <= 17 and max_seq_len > 856:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 18: 5 workloads, 1.25x (1.05x .. 1.51x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6845 and num_seqs <= 2 and max_seq_len > 1081:
+        return 'cuda_prefill_cp.p4'
+    # region 19: 6 workloads, 1.39x (1.05x .. 2.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6845 and 2 < num_seqs <= 9 and max_seq_len > 1081:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 20: 1 workloads, 8.73x (8.73x .. 8.73x) over vllm_flashinfer_prefill
+    if num_seqs <= 1 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 21: 1 workloads, 10.30x (10.30x .. 10.30x) over vllm_flashinfer_prefill
+    if 1 < num_seqs <= 9 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 22: 5 workloads, 6.37x (1.68x .. 9.45x) over vllm_flashinfer_prefill
+    if total_seq_len > 14 and num_seqs <= 9 and 2 < max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 27: 6 workloads, 1.11x (1.06x .. 1.15x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 362 and 9 < num_seqs <= 17 and max_seq_len <= 495:
+    # region 23: 6 workloads, 1.11x (1.06x .. 1.15x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 362 and 9 < num_seqs <= 17 and max_seq_len <= 504:
         return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 28: 2 workloads, 1.04x (1.03x .. 1.05x) over vllm_flashinfer_prefill
+    # region 24: 2 workloads, 1.04x (1.03x .. 1.05x) over vllm_flashinfer_prefill
     if 362 < total_seq_len <= 724 and 9 < num_seqs <= 17 and max_seq_len <= 174:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 29: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 1448 and 9 < num_seqs <= 17 and 174 < max_seq_len <= 495:
+    # region 25: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 1448 and 9 < num_seqs <= 17 and 174 < max_seq_len <= 504:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 30: 3 workloads, 1.10x (1.08x .. 1.11x) over vllm_flashinfer_prefill
+    # region 26: 3 workloads, 1.10x (1.08x .. 1.11x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and 9 < num_seqs <= 17 and max_seq_len <= 174:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 31: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 5792 and 9 < num_seqs <= 17 and 495 < max_seq_len <= 856:
+    # region 27: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 5792 and 9 < num_seqs <= 17 and 504 < max_seq_len <= 856:
         return 'flashinfer_direct'
-    # region 32: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and 9 < num_seqs <= 17 and 174 < max_seq_len <= 495:
+    # region 28: 2 workloads, 2.44x (2.10x .. 2.84x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs <= 5 and 7 < max_seq_len <= 795:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_staged.r32s4'
+    # region 29: 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and 5 < num_seqs <= 9 and 7 < max_seq_len <= 795:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 30: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and 9 < num_seqs <= 17 and 174 < max_seq_len <= 504:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 33: 3 workloads, 1.15x (1.07x .. 1.26x) over vllm_flashinfer_prefill
-    if 1475 < total_seq_len <= 4048 and num_seqs <= 9 and max_seq_len > 2047:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
-    # region 34: 2 workloads, 2.44x (2.10x .. 2.84x) over vllm_flashinfer_prefill
-    if total_seq_len > 1475 and num_seqs <= 5 and mean_seq_len > 362 and max_seq_len <= 1380:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 35: 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill
-    if total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len <= 362 and max_seq_len <= 639:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 36: 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill
-    if total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len <= 362 and 639 < max_seq_len <= 1380:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 37: 2 workloads, 1.12x (1.05x .. 1.20x) over vllm_flashinfer_prefill
-    if total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len <= 724 and 1380 < max_seq_len <= 2047:
-        return 'cuda_prefill_staged.r32s4'
-    # region 38: 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len > 724 and 1380 < max_seq_len <= 2047:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
-    # region 39: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
-    if total_seq_len > 1475 and 5 < num_seqs <= 9 and mean_seq_len > 362 and max_seq_len <= 1380:
-        return 'flashinfer_direct'
-    # region 40: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and 9 < num_seqs <= 17 and 856 < max_seq_len <= 962:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 9 < num_seqs <= 17 and max_seq_len > 962:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 22 and 408 < max_seq_len <= 4528:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call
-    if 4048 < total_seq_len <= 6292 and num_seqs <= 9 and 2047 < max_seq_len <= 3399:
-        return 'cuda_prefill_cp.p4'
-    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 4048 < total_seq_len <= 6845 and num_seqs <= 1 and max_seq_len > 3399:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call
-    if 4048 < total_seq_len <= 6845 and 1 < num_seqs <= 9 and max_seq_len > 3399:
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 6845 and num_seqs <= 9 and 795 < max_seq_len <= 1081:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'flashinfer_direct'
+    # region 32: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 11585 and num_seqs > 17 and 1659 < max_seq_len <= 2712:
         return 'cuda_prefill_cp.p8'
-    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 9 < num_seqs <= 17 and 495 < max_seq_len <= 639:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 5792 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 856:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 48: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs > 17 and mean_seq_len > 45 and max_seq_len <= 314:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 49: 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 6292 and num_seqs <= 5 and 2047 < max_seq_len <= 3399:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 50: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 6292 and 5 < num_seqs <= 9 and 2047 < max_seq_len <= 3399:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 51: 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill's guarded call
-    if 6845 < total_seq_len <= 23170 and num_seqs <= 9 and mean_seq_len <= 1448 and max_seq_len > 3399:
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and num_seqs > 17 and mean_seq_len <= 22 and 316 < max_seq_len <= 1659:
+        return 'cuda_prefill_staged.r64s4'
+    # region 34: 3 workloads, 1.23x (1.22x .. 1.25x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs > 17 and mean_seq_len <= 45 and max_seq_len <= 316:
+        return 'cuda_prefill_staged.r64s4'
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and num_seqs > 17 and mean_seq_len <= 362 and 2712 < max_seq_len <= 3435:
         return 'cuda_prefill_cp.p8'
-    # region 52: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 6845 < total_seq_len <= 23170 and num_seqs <= 9 and mean_seq_len > 1448 and max_seq_len > 3399:
+    # region 36: 3 workloads, 1.78x (1.44x .. 2.02x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs > 17 and mean_seq_len <= 724 and max_seq_len > 3435:
+        return 'cuda_prefill_cp.p8'
+    # region 37: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 22 and 316 < max_seq_len <= 1659:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 38: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 45 and max_seq_len <= 316:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 41: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 724 and max_seq_len > 7152:
+        return 'cuda_prefill_cp.p8'
+    # region 42: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 5792 < total_seq_len <= 23170 and 9 < num_seqs <= 17 and 504 < max_seq_len <= 4528:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill
+    if 5792 < total_seq_len <= 23170 and 9 < num_seqs <= 17 and max_seq_len > 4528:
+        return 'cuda_prefill_cp.p8'
+    # region 44: 2 workloads, 1.34x (1.17x .. 1.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 6845 and num_seqs <= 9 and mean_seq_len <= 1448 and max_seq_len > 1920:
+        return 'cuda_prefill_cp.p8'
+    # region 45: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
+    if total_seq_len > 6845 and num_seqs <= 9 and 795 < max_seq_len <= 1380:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 47: 3 workloads, 1.17x (1.13x .. 1.20x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 6845 and num_seqs <= 9 and 1448 < mean_seq_len <= 2896 and max_seq_len > 1920:
+        return 'cuda_prefill_cp.p8'
+    # region 48: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6845 and num_seqs <= 9 and mean_seq_len > 2896 and max_seq_len > 1920:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
-    # region 53: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and num_seqs <= 9 and 3399 < max_seq_len <= 7663:
-        return 'cuda_prefill_staged.r32s4'
-    # region 54: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -545,110 +519,110 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 15 workloads, 8.52x (6.20x .. 15.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 36 and num_seqs <= 9 and mean_seq_len <= 914 and max_seq_len <= 26:
+    if total_seq_len <= 36 and num_seqs <= 12 and max_seq_len <= 26:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 2 workloads, 8.42x (7.36x .. 9.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 36 and num_seqs <= 9 and mean_seq_len <= 914 and 26 < max_seq_len <= 64:
+    if total_seq_len <= 36 and num_seqs <= 12 and 26 < max_seq_len <= 64:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 3: 1 workloads, 3.12x (3.12x .. 3.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 32 and mean_seq_len <= 355 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 2 workloads, 3.27x (3.15x .. 3.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 32 and mean_seq_len <= 355 and 2 < max_seq_len <= 14:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 1 workloads, 3.98x (3.98x .. 3.98x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and 914 < mean_seq_len <= 1254 and max_seq_len <= 2946:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 2 workloads, 5.30x (4.65x .. 6.04x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and mean_seq_len > 1254 and max_seq_len <= 2946:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
-    # region 7: 2 workloads, 1.78x (1.55x .. 2.04x) over vllm_flashinfer_prefill
-    if num_seqs <= 1 and mean_seq_len > 914 and 2946 < max_seq_len <= 5008:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 8: 2 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and 914 < mean_seq_len <= 12872 and max_seq_len > 5008:
-        return 'cuda_prefill_cp.p8'
-    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 2 and mean_seq_len > 12872 and max_seq_len > 5008:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 3 workloads, 6.93x (4.45x .. 10.53x) over vllm_flashinfer_prefill
-    if num_seqs <= 9 and mean_seq_len <= 914 and 64 < max_seq_len <= 98:
+    # region 3: 2 workloads, 3.65x (3.15x .. 4.22x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 12 and 8 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 1 workloads, 3.54x (3.54x .. 3.54x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 12 and 16 < max_seq_len <= 42:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 3 workloads, 6.93x (4.45x .. 10.53x) over vllm_flashinfer_prefill
+    if total_seq_len <= 267 and num_seqs <= 12 and 64 < max_seq_len <= 98:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 11: 7 workloads, 7.59x (3.77x .. 11.06x) over vllm_flashinfer_prefill
-    if num_seqs <= 9 and mean_seq_len <= 914 and 98 < max_seq_len <= 132:
+    # region 6: 10 workloads, 6.85x (3.77x .. 11.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 267 and num_seqs <= 12 and 98 < max_seq_len <= 2036:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 28 workloads, 5.97x (2.77x .. 9.42x) over vllm_flashinfer_prefill
-    if num_seqs <= 9 and mean_seq_len <= 914 and max_seq_len > 132:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 1 and 914 < mean_seq_len <= 1448 and 2946 < max_seq_len <= 5008:
-        return 'flashinfer_direct'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if 2 < num_seqs <= 11 and mean_seq_len > 914 and max_seq_len > 11579:
-        return 'cuda_prefill_cp.p8'
-    # region 16: 4 workloads, 2.86x (1.98x .. 3.51x) over vllm_flashinfer_prefill
-    if num_seqs > 2 and mean_seq_len > 914 and 5008 < max_seq_len <= 7660:
+    # region 7: 6 workloads, 4.22x (2.76x .. 7.25x) over vllm_flashinfer_prefill
+    if total_seq_len <= 267 and num_seqs > 12 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 5 workloads, 3.36x (2.60x .. 4.49x) over vllm_flashinfer_prefill
+    if total_seq_len <= 267 and num_seqs > 12 and 42 < max_seq_len <= 2036:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 12405 and mean_seq_len > 4557 and max_seq_len > 2036:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 15 workloads, 2.95x (1.82x .. 4.70x) over vllm_flashinfer_prefill
+    if total_seq_len <= 15790 and mean_seq_len <= 4557 and max_seq_len > 2036:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 18: 1 workloads, 4.22x (4.22x .. 4.22x) over vllm_flashinfer_prefill
-    if 9 < num_seqs <= 32 and mean_seq_len <= 5 and 5 < max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 19: 2 workloads, 5.17x (4.37x .. 6.12x) over vllm_flashinfer_prefill
-    if 9 < num_seqs <= 32 and mean_seq_len <= 914 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 31 workloads, 3.08x (1.75x .. 5.53x) over vllm_flashinfer_prefill
-    if 9 < num_seqs <= 32 and mean_seq_len <= 914 and max_seq_len > 16:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 3 workloads, 6.29x (5.73x .. 7.25x) over vllm_flashinfer_prefill
-    if 9 < num_seqs <= 32 and 5 < mean_seq_len <= 914 and 5 < max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 24 workloads, 2.55x (1.30x .. 4.18x) over vllm_flashinfer_prefill
-    if num_seqs > 32 and mean_seq_len <= 355 and max_seq_len > 14:
-        return 'cuda_prefill_staged.r64s4'
-    # region 24: 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
-    if num_seqs > 32 and 355 < mean_seq_len <= 914 and max_seq_len <= 2896:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 26: 6 workloads, 6.60x (2.99x .. 13.03x) over vllm_flashinfer_prefill
-    if total_seq_len > 36 and num_seqs <= 9 and mean_seq_len <= 914 and max_seq_len <= 40:
+    # region 11: 6 workloads, 6.60x (2.99x .. 13.03x) over vllm_flashinfer_prefill
+    if 36 < total_seq_len <= 267 and num_seqs <= 12 and max_seq_len <= 40:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 27: 5 workloads, 7.45x (4.77x .. 10.66x) over vllm_flashinfer_prefill
-    if total_seq_len > 36 and num_seqs <= 9 and mean_seq_len <= 914 and 40 < max_seq_len <= 64:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 5 workloads, 2.86x (2.07x .. 3.53x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs > 32 and mean_seq_len <= 5 and max_seq_len <= 14:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 3 workloads, 3.01x (2.90x .. 3.23x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs > 32 and 5 < mean_seq_len <= 355 and max_seq_len <= 14:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 30: 2 workloads, 2.35x (2.25x .. 2.46x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs <= 5 and mean_seq_len > 914 and 1448 < max_seq_len <= 2946:
-        return 'flashinfer_direct'
-    # region 31: 1 workloads, 4.52x (4.52x .. 4.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and mean_seq_len > 914 and max_seq_len <= 1448:
+    # region 12: 4 workloads, 7.70x (4.77x .. 10.66x) over vllm_flashinfer_prefill
+    if 36 < total_seq_len <= 267 and num_seqs <= 12 and 40 < max_seq_len <= 64:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 13: 2 workloads, 4.50x (3.53x .. 5.73x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 267 and num_seqs > 12 and 8 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 1 workloads, 5.53x (5.53x .. 5.53x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 267 and num_seqs > 12 and 16 < max_seq_len <= 42:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 15: 3 workloads, 4.94x (4.29x .. 5.98x) over vllm_flashinfer_prefill
+    if 267 < total_seq_len <= 789 and num_seqs <= 32 and max_seq_len <= 38:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 10 workloads, 4.93x (2.91x .. 8.48x) over vllm_flashinfer_prefill
+    if 267 < total_seq_len <= 789 and num_seqs <= 32 and 38 < max_seq_len <= 495:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 3 workloads, 2.70x (2.07x .. 3.17x) over vllm_flashinfer_prefill
+    if 267 < total_seq_len <= 789 and num_seqs > 32 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 18: 5 workloads, 3.28x (2.68x .. 4.18x) over vllm_flashinfer_prefill
+    if 267 < total_seq_len <= 789 and num_seqs > 32 and 8 < max_seq_len <= 495:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 1 workloads, 5.20x (5.20x .. 5.20x) over vllm_flashinfer_prefill
+    if 267 < total_seq_len <= 1254 and mean_seq_len > 852 and 495 < max_seq_len <= 2036:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
+    # region 20: 16 workloads, 5.43x (2.97x .. 8.16x) over vllm_flashinfer_prefill
+    if 267 < total_seq_len <= 2896 and num_seqs <= 22 and mean_seq_len <= 852 and 495 < max_seq_len <= 2036:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 21: 8 workloads, 2.64x (1.94x .. 3.39x) over vllm_flashinfer_prefill
+    if total_seq_len > 267 and num_seqs > 22 and mean_seq_len <= 852 and 495 < max_seq_len <= 2036:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 32: 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs > 5 and mean_seq_len > 914 and 1448 < max_seq_len <= 2946:
+    # region 22: 27 workloads, 3.32x (1.77x .. 8.90x) over vllm_flashinfer_prefill
+    if 789 < total_seq_len <= 19714 and max_seq_len <= 495:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 1 workloads, 5.64x (5.64x .. 5.64x) over vllm_flashinfer_prefill
+    if 1254 < total_seq_len <= 5792 and mean_seq_len > 852 and 495 < max_seq_len <= 2036:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 24: 2 workloads, 2.48x (1.86x .. 3.30x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs <= 22 and mean_seq_len <= 852 and 495 < max_seq_len <= 2036:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 25: 1 workloads, 4.52x (4.52x .. 4.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and mean_seq_len > 852 and 495 < max_seq_len <= 2036:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill's guarded call
+    if 12405 < total_seq_len <= 15790 and mean_seq_len > 4557 and max_seq_len > 2036:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
+    # region 27: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 15790 < total_seq_len <= 23170 and num_seqs <= 1 and max_seq_len > 2036:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4') if inside else 'vllm_flashinfer_prefill'
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if 15790 < total_seq_len <= 23170 and num_seqs > 1 and max_seq_len > 2036:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 29: 2 workloads, 1.33x (1.24x .. 1.43x) over vllm_flashinfer_prefill
+    if total_seq_len > 19714 and max_seq_len <= 495:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23170 and 2036 < max_seq_len <= 32765:
+        return 'cuda_prefill_cp.p8'
+    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 23170 and max_seq_len > 32765:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 17 < num_seqs <= 45 and mean_seq_len > 22 and max_seq_len > 4528:  # region 17
+    if total_seq_len > 6845 and num_seqs <= 9 and 1448 < mean_seq_len <= 2896 and max_seq_len > 1920:  # region 47
         return True
-    if num_seqs > 45 and mean_seq_len > 22 and max_seq_len > 4528:  # region 23
-        return True
-    if total_seq_len > 1475 and num_seqs <= 9 and mean_seq_len > 724 and 1380 < max_seq_len <= 2047:  # region 38
-        return True
-    if 4048 < total_seq_len <= 6292 and num_seqs <= 9 and 2047 < max_seq_len <= 3399:  # region 43
-        return True
-    if 4048 < total_seq_len <= 6845 and 1 < num_seqs <= 9 and max_seq_len > 3399:  # region 45
-        return True
-    if total_seq_len > 6292 and num_seqs <= 5 and 2047 < max_seq_len <= 3399:  # region 49
-        return True
-    if total_seq_len > 6292 and 5 < num_seqs <= 9 and 2047 < max_seq_len <= 3399:  # region 50
-        return True
-    if 6845 < total_seq_len <= 23170 and num_seqs <= 9 and mean_seq_len <= 1448 and max_seq_len > 3399:  # region 51
-        return True
-    if total_seq_len > 23170 and num_seqs <= 9 and 3399 < max_seq_len <= 7663:  # region 53
+    return False
+
+
+def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
+    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
+    if 12405 < total_seq_len <= 15790 and mean_seq_len > 4557 and max_seq_len > 2036:  # region 26
         return True
     return False

@@ -6,12 +6,12 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-02T15:53:22Z
+# measured    up to 2026-12-03T13:19:46Z
 # workloads   156 (workload-set digest 9ad3a87059263a66)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   vllm_flashinfer_prefill         cafcd75cbe1a2e72  156/156  1.00x
-#   cuda_prefill_cp.p4              4faa47a619017c1c  21/23  0.97x  [2 screened out]
+#   cuda_prefill_cp.p4              f9be450562f57428  75/75  0.97x
 #   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  81/149  0.95x  [68 screened out]
 #   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  89/149  0.95x  [60 screened out]
 #   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  87/149  0.98x  [62 screened out]
@@ -44,35 +44,36 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 6.26% mean, 69.69% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 6.49% mean, 69.69% max;
 #             1.243x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 11.83% mean, 131.41% max;
-#             2.630x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.23% mean, 131.41% max;
+#             2.625x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 19 and num_seqs <= 7: cuda_prefill_pool_rows.k4c8, 6 workloads, 5.92x (1.64x .. 8.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   2. total_seq_len <= 4324 and num_seqs > 17: cuda_prefill_staged.r64s4, 39 workloads, 1.37x (1.04x .. 1.58x) over vllm_flashinfer_prefill
 #   3. 7 < num_seqs <= 8 and mean_seq_len <= 53: cuda_prefill_staged.r32s4, 12 workloads, 1.18x (1.05x .. 1.27x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   4. 7 < num_seqs <= 17 and 53 < mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.06x (1.03x .. 1.10x) over vllm_flashinfer_prefill
-#   5. 7 < num_seqs <= 17 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   5. 7 < num_seqs <= 17 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
 #   6. 8 < num_seqs <= 17 and mean_seq_len <= 53: cuda_prefill_staged.r64s4, 14 workloads, 1.25x (1.06x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   7. 19 < total_seq_len <= 44 and num_seqs <= 7: triton_prefill_fused.c16v32, 5 workloads, 5.70x (4.72x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, flashinfer_direct, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
-#   8. 44 < total_seq_len <= 2233 and num_seqs <= 7 and mean_seq_len > 1218: cuda_prefill_cp.p4, 2 workloads, 1.08x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+#   8. 44 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 1218: cuda_prefill_cp.p4, 2 workloads, 1.08x (1.03x .. 1.12x) over vllm_flashinfer_prefill
 #   9. total_seq_len > 44 and num_seqs <= 7 and mean_seq_len <= 1218: cuda_prefill_staged.r32s4, 33 workloads, 2.85x (1.26x .. 5.06x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 1218: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len > 4324 and num_seqs > 17: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   10. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 1218: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len > 4324 and num_seqs > 17: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 111 and num_seqs <= 3 and mean_seq_len <= 31: cuda_prefill_pool_rows.k8c8, 4 workloads, 12.25x (8.95x .. 16.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 111 and num_seqs <= 3 and mean_seq_len > 31: cuda_prefill_staged.r64s4, 2 workloads, 6.75x (6.09x .. 7.49x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
 #   3. total_seq_len <= 111 and num_seqs > 3 and mean_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 16 workloads, 4.79x (3.05x .. 8.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
 #   4. total_seq_len <= 111 and num_seqs > 3 and mean_seq_len > 6: cuda_prefill_staged.r64s4, 6 workloads, 8.79x (8.27x .. 9.80x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   5. 111 < total_seq_len <= 3037 and mean_seq_len > 326: cuda_prefill_staged.r32s4, 14 workloads, 5.09x (2.98x .. 8.27x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. 111 < total_seq_len <= 7643 and mean_seq_len <= 326: cuda_prefill_staged.r64s4, 86 workloads, 3.19x (1.35x .. 9.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   7. 3037 < total_seq_len <= 5792 and mean_seq_len > 326: cuda_prefill_cp.p4, 2 workloads, 2.75x (2.20x .. 3.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
-#   8. total_seq_len > 7643 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len > 7643 and 1 < num_seqs <= 5: cuda_prefill_staged.r32s4, 4 workloads, 2.78x (1.63x .. 4.15x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   10. total_seq_len > 7643 and 5 < num_seqs <= 34: flashinfer_direct, 10 workloads, 1.45x (1.18x .. 1.79x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 7643 and 34 < num_seqs <= 171: cuda_prefill_staged.r64s4, 5 workloads, 1.90x (1.36x .. 2.50x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   12. total_seq_len > 7643 and num_seqs > 171: flashinfer_direct, 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
+#   5. 111 < total_seq_len <= 535 and num_seqs > 71: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.41x (2.01x .. 2.86x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
+#   6. 111 < total_seq_len <= 7643 and num_seqs <= 71 and mean_seq_len <= 298: cuda_prefill_staged.r64s4, 73 workloads, 3.38x (1.35x .. 9.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   7. 111 < total_seq_len <= 7643 and num_seqs <= 71 and mean_seq_len > 298: cuda_prefill_staged.r32s4, 16 workloads, 4.68x (2.01x .. 8.27x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   8. 535 < total_seq_len <= 7643 and num_seqs > 71: cuda_prefill_staged.r64s4, 8 workloads, 2.31x (2.05x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, flashinfer_direct
+#   9. total_seq_len > 7643 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len > 7643 and 1 < num_seqs <= 5: cuda_prefill_staged.r32s4, 4 workloads, 2.78x (1.63x .. 4.15x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   11. total_seq_len > 7643 and 5 < num_seqs <= 34: flashinfer_direct, 10 workloads, 1.45x (1.18x .. 1.79x) over vllm_flashinfer_prefill
+#   12. total_seq_len > 7643 and 34 < num_seqs <= 171: cuda_prefill_staged.r64s4, 5 workloads, 1.90x (1.36x .. 2.50x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   13. total_seq_len > 7643 and num_seqs > 171: flashinfer_direct, 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -80,13 +81,13 @@ REGIONS = (
     {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 4324)}, 'workloads': 39, 'speedup': (1.04, 1.37, 1.58), 'fallbacks': ()},
     {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (7, 8)}, 'workloads': 12, 'speedup': (1.05, 1.18, 1.27), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (53, 90), 'num_seqs': (7, 17)}, 'workloads': 6, 'speedup': (1.03, 1.06, 1.1), 'fallbacks': ()},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (7, 17)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (7, 17)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
     {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (8, 17)}, 'workloads': 14, 'speedup': (1.06, 1.25, 1.61), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (19, 44)}, 'workloads': 5, 'speedup': (4.72, 5.7, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 8, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (1218, None), 'num_seqs': (None, 7), 'total_seq_len': (44, 2233)}, 'workloads': 2, 'speedup': (1.04, 1.08, 1.13), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (1218, None), 'num_seqs': (None, 7), 'total_seq_len': (44, 2438)}, 'workloads': 2, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ()},
     {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 1218), 'num_seqs': (None, 7), 'total_seq_len': (44, None)}, 'workloads': 33, 'speedup': (1.26, 2.85, 5.06), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1218, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (4324, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1218, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (4324, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
 )
 
 REGIONS_EAGER = (
@@ -94,14 +95,15 @@ REGIONS_EAGER = (
     {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (31, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 111)}, 'workloads': 2, 'speedup': (6.09, 6.75, 7.49), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (3, None), 'total_seq_len': (None, 111)}, 'workloads': 16, 'speedup': (3.05, 4.79, 8.46), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
     {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (3, None), 'total_seq_len': (None, 111)}, 'workloads': 6, 'speedup': (8.27, 8.79, 9.8), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (326, None), 'total_seq_len': (111, 3037)}, 'workloads': 14, 'speedup': (2.98, 5.09, 8.27), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 326), 'total_seq_len': (111, 7643)}, 'workloads': 86, 'speedup': (1.35, 3.19, 9.51), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (326, None), 'total_seq_len': (3037, 5792)}, 'workloads': 2, 'speedup': (2.2, 2.75, 3.43), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (1, 5), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.63, 2.78, 4.15), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (5, 34), 'total_seq_len': (7643, None)}, 'workloads': 10, 'speedup': (1.18, 1.45, 1.79), 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (34, 171), 'total_seq_len': (7643, None)}, 'workloads': 5, 'speedup': (1.36, 1.9, 2.5), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (171, None), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.2, 1.26, 1.31), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (71, None), 'total_seq_len': (111, 535)}, 'workloads': 5, 'speedup': (2.01, 2.41, 2.86), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 298), 'num_seqs': (None, 71), 'total_seq_len': (111, 7643)}, 'workloads': 73, 'speedup': (1.35, 3.38, 9.51), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (298, None), 'num_seqs': (None, 71), 'total_seq_len': (111, 7643)}, 'workloads': 16, 'speedup': (2.01, 4.68, 8.27), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (71, None), 'total_seq_len': (535, 7643)}, 'workloads': 8, 'speedup': (2.05, 2.31, 2.64), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'flashinfer_direct')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (1, 5), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.63, 2.78, 4.15), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (5, 34), 'total_seq_len': (7643, None)}, 'workloads': 10, 'speedup': (1.18, 1.45, 1.79), 'fallbacks': ()},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (34, 171), 'total_seq_len': (7643, None)}, 'workloads': 5, 'speedup': (1.36, 1.9, 2.5), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (171, None), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.2, 1.26, 1.31), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -124,25 +126,25 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
         return 'vllm_flashinfer_prefill.cp_off'
     # region 5: 15 workloads, the baseline; its stand-ins where it cannot run here
     if 7 < num_seqs <= 17 and mean_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
     # region 6: 14 workloads, 1.25x (1.06x .. 1.61x) over vllm_flashinfer_prefill
     if 8 < num_seqs <= 17 and mean_seq_len <= 53:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     # region 7: 5 workloads, 5.70x (4.72x .. 6.41x) over vllm_flashinfer_prefill
     if 19 < total_seq_len <= 44 and num_seqs <= 7:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 2 workloads, 1.08x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-    if 44 < total_seq_len <= 2233 and num_seqs <= 7 and mean_seq_len > 1218:
+    # region 8: 2 workloads, 1.08x (1.03x .. 1.12x) over vllm_flashinfer_prefill
+    if 44 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 1218:
         return 'cuda_prefill_cp.p4'
     # region 9: 33 workloads, 2.85x (1.26x .. 5.06x) over vllm_flashinfer_prefill
     if total_seq_len > 44 and num_seqs <= 7 and mean_seq_len <= 1218:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
     # region 10: 11 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 1218:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     # region 11: 13 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 4324 and num_seqs > 17:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -161,28 +163,31 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 4: 6 workloads, 8.79x (8.27x .. 9.80x) over vllm_flashinfer_prefill
     if total_seq_len <= 111 and num_seqs > 3 and mean_seq_len > 6:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 14 workloads, 5.09x (2.98x .. 8.27x) over vllm_flashinfer_prefill
-    if 111 < total_seq_len <= 3037 and mean_seq_len > 326:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 86 workloads, 3.19x (1.35x .. 9.51x) over vllm_flashinfer_prefill
-    if 111 < total_seq_len <= 7643 and mean_seq_len <= 326:
+    # region 5: 5 workloads, 2.41x (2.01x .. 2.86x) over vllm_flashinfer_prefill
+    if 111 < total_seq_len <= 535 and num_seqs > 71:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 73 workloads, 3.38x (1.35x .. 9.51x) over vllm_flashinfer_prefill
+    if 111 < total_seq_len <= 7643 and num_seqs <= 71 and mean_seq_len <= 298:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 2 workloads, 2.75x (2.20x .. 3.43x) over vllm_flashinfer_prefill
-    if 3037 < total_seq_len <= 5792 and mean_seq_len > 326:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p4'
-    # region 8: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 7: 16 workloads, 4.68x (2.01x .. 8.27x) over vllm_flashinfer_prefill
+    if 111 < total_seq_len <= 7643 and num_seqs <= 71 and mean_seq_len > 298:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 8: 8 workloads, 2.31x (2.05x .. 2.64x) over vllm_flashinfer_prefill
+    if 535 < total_seq_len <= 7643 and num_seqs > 71:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 7643 and num_seqs <= 1:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 4 workloads, 2.78x (1.63x .. 4.15x) over vllm_flashinfer_prefill
+    # region 10: 4 workloads, 2.78x (1.63x .. 4.15x) over vllm_flashinfer_prefill
     if total_seq_len > 7643 and 1 < num_seqs <= 5:
         return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 10: 10 workloads, 1.45x (1.18x .. 1.79x) over vllm_flashinfer_prefill
+    # region 11: 10 workloads, 1.45x (1.18x .. 1.79x) over vllm_flashinfer_prefill
     if total_seq_len > 7643 and 5 < num_seqs <= 34:
         return 'flashinfer_direct'
-    # region 11: 5 workloads, 1.90x (1.36x .. 2.50x) over vllm_flashinfer_prefill
+    # region 12: 5 workloads, 1.90x (1.36x .. 2.50x) over vllm_flashinfer_prefill
     if total_seq_len > 7643 and 34 < num_seqs <= 171:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
+    # region 13: 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
     if total_seq_len > 7643 and num_seqs > 171:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
@@ -193,10 +198,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.32% mean, 69.69% max;
-#             1.264x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.07% mean, 40.09% max;
-#             2.907x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.97% mean, 69.69% max;
+#             1.253x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.49% mean, 40.09% max;
+#             2.905x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 31 and num_seqs <= 3 and mean_seq_len <= 53 and max_seq_len > 6: triton_prefill_fused.c16v32, 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 31 and num_seqs <= 5 and mean_seq_len <= 53 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 4 workloads, 8.28x (8.03x .. 8.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
@@ -207,14 +212,14 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   7. total_seq_len <= 724 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 322 < max_seq_len <= 896: cuda_prefill_staged.r32s4, 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
 #   8. total_seq_len <= 1448 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 1023: cuda_prefill_staged.r32s4, 9 workloads, 2.15x (1.41x .. 3.23x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   9. total_seq_len <= 1448 and 11 < num_seqs <= 21 and mean_seq_len > 53 and max_seq_len <= 441: flashinfer_direct, 2 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 2438 and num_seqs <= 4 and 53 < mean_seq_len <= 1773 and max_seq_len > 1023: cuda_prefill_staged.r32s4, 5 workloads, 1.33x (1.10x .. 1.77x) over vllm_flashinfer_prefill
+#   10. total_seq_len <= 2438 and num_seqs <= 4 and 53 < mean_seq_len <= 1254 and max_seq_len > 1023: cuda_prefill_staged.r32s4, 4 workloads, 1.40x (1.26x .. 1.77x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p4
 #   11. total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 322: cuda_prefill_staged.r32s4, 12 workloads, 3.41x (2.58x .. 4.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   12. total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 1773 and max_seq_len > 1023: cuda_prefill_cp.p4, 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   12. total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 1254 and max_seq_len > 1023: cuda_prefill_cp.p4, 2 workloads, 1.08x (1.03x .. 1.12x) over vllm_flashinfer_prefill
 #   13. total_seq_len <= 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794: cuda_prefill_staged.r32s4, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   14. total_seq_len <= 2896 and num_seqs > 11 and mean_seq_len > 53 and max_seq_len > 441: cuda_prefill_staged.r64s4, 3 workloads, 1.11x (1.05x .. 1.16x) over vllm_flashinfer_prefill
 #   15. total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 53 and max_seq_len <= 441: cuda_prefill_staged.r64s4, 2 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
 #   16. 4 < num_seqs <= 11 and mean_seq_len > 53 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   17. 4 < num_seqs <= 11 and mean_seq_len > 53 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
+#   17. 4 < num_seqs <= 11 and mean_seq_len > 53 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
 #   18. 4 < num_seqs <= 11 and mean_seq_len > 53 and 1081 < max_seq_len <= 1794: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
 #   19. 31 < total_seq_len <= 111 and num_seqs <= 5 and 5 < mean_seq_len <= 53 and max_seq_len <= 19: triton_prefill_fused.c16v64, 3 workloads, 6.28x (6.23x .. 6.32x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   20. 31 < total_seq_len <= 111 and mean_seq_len <= 5 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.64x (1.54x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8
@@ -228,17 +233,21 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   28. total_seq_len > 280 and mean_seq_len <= 3 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.59x (1.56x .. 1.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
 #   29. total_seq_len > 280 and mean_seq_len <= 3 and max_seq_len > 11: cuda_prefill_staged.r64s4, 2 workloads, 1.55x (1.53x .. 1.57x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
 #   30. total_seq_len > 724 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
-#   31. 1448 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 1023: flashinfer_direct, 1 workloads, 3.23x (3.23x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   32. total_seq_len > 1448 and 11 < num_seqs <= 21 and mean_seq_len > 53 and max_seq_len <= 441: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   33. 2438 < total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
-#   34. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 2281: flashinfer_direct, 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   35. total_seq_len > 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   36. total_seq_len > 2896 and num_seqs > 11 and mean_seq_len > 53 and max_seq_len > 441: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   37. total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 53 and max_seq_len <= 441: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   38. total_seq_len > 5792 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
-#   39. total_seq_len > 5792 and 3 < mean_seq_len <= 53 and max_seq_len > 2872: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
-#   40. total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and 2281 < max_seq_len <= 4399: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
-#   41. total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   31. 1448 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 1023: flashinfer_direct, 1 workloads, 3.23x (3.23x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4
+#   32. total_seq_len > 1448 and 11 < num_seqs <= 21 and mean_seq_len > 53 and max_seq_len <= 441: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   33. 2438 < total_seq_len <= 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 2281: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   34. total_seq_len > 2438 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   35. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 2281: flashinfer_direct, 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64
+#   37. total_seq_len > 2896 and num_seqs > 11 and 53 < mean_seq_len <= 181 and 441 < max_seq_len <= 5418: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
+#   38. total_seq_len > 2896 and num_seqs > 11 and 53 < mean_seq_len <= 181 and max_seq_len > 5418: cuda_prefill_cp.p4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   39. total_seq_len > 2896 and num_seqs > 11 and 181 < mean_seq_len <= 1265 and 441 < max_seq_len <= 11562: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   40. total_seq_len > 2896 and num_seqs > 11 and 181 < mean_seq_len <= 1265 and max_seq_len > 11562: cuda_prefill_cp.p4, 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   41. total_seq_len > 2896 and num_seqs > 11 and mean_seq_len > 1265 and max_seq_len > 441: vllm_flashinfer_prefill (baseline), 0 workloads
+#   42. total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 53 and max_seq_len <= 441: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64
+#   43. total_seq_len > 5792 and 3 < mean_seq_len <= 53 and max_seq_len > 2872: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   44. total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and 2281 < max_seq_len <= 4399: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
+#   45. total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 51 and num_seqs > 8 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 1 workloads, 6.48x (6.48x .. 6.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 51 and num_seqs > 8 and max_seq_len > 5: cuda_prefill_pool_rows.k4c8, 1 workloads, 3.69x (3.69x .. 3.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
@@ -250,26 +259,24 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   8. 51 < total_seq_len <= 358 and num_seqs > 8 and mean_seq_len <= 11 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 10 workloads, 3.91x (2.23x .. 5.94x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
 #   9. 51 < total_seq_len <= 358 and num_seqs > 8 and mean_seq_len <= 11 and max_seq_len > 30: cuda_prefill_staged.r64s4, 5 workloads, 3.51x (2.30x .. 4.85x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
 #   10. 51 < total_seq_len <= 358 and num_seqs > 8 and mean_seq_len > 11: cuda_prefill_staged.r64s4, 3 workloads, 3.05x (2.10x .. 4.22x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. 358 < total_seq_len <= 1233 and 5 < mean_seq_len <= 181 and max_seq_len > 425: cuda_prefill_staged.r64s4, 10 workloads, 2.83x (1.65x .. 6.38x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   12. 358 < total_seq_len <= 1233 and mean_seq_len > 181 and max_seq_len > 425: cuda_prefill_staged.r32s4, 7 workloads, 6.50x (4.64x .. 8.27x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. 358 < total_seq_len <= 7643 and mean_seq_len <= 2 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.52x (2.50x .. 2.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   14. 358 < total_seq_len <= 7643 and mean_seq_len <= 2 and max_seq_len > 22: cuda_prefill_staged.r64s4, 1 workloads, 2.65x (2.65x .. 2.65x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   15. 358 < total_seq_len <= 7643 and 2 < mean_seq_len <= 5: cuda_prefill_staged.r64s4, 3 workloads, 2.33x (2.11x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. 358 < total_seq_len <= 7643 and mean_seq_len > 5 and max_seq_len <= 425: cuda_prefill_staged.r64s4, 31 workloads, 3.19x (1.69x .. 6.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   17. 1233 < total_seq_len <= 7643 and num_seqs <= 2 and mean_seq_len > 5 and max_seq_len > 425: cuda_prefill_staged.r32s4, 6 workloads, 3.44x (2.01x .. 4.63x) over vllm_flashinfer_prefill
-#   18. 1233 < total_seq_len <= 7643 and num_seqs > 2 and mean_seq_len > 5 and max_seq_len > 425: cuda_prefill_staged.r64s4, 11 workloads, 2.70x (1.76x .. 5.58x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   19. 7643 < total_seq_len <= 11585 and 4 < num_seqs <= 34 and mean_seq_len <= 1448 and max_seq_len > 1081: flashinfer_direct, 6 workloads, 1.42x (1.18x .. 1.63x) over vllm_flashinfer_prefill
-#   20. 7643 < total_seq_len <= 23170 and max_seq_len <= 1081: cuda_prefill_staged.r64s4, 8 workloads, 2.00x (1.58x .. 2.80x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   21. total_seq_len > 7643 and num_seqs <= 4 and 1081 < max_seq_len <= 8189: cuda_prefill_staged.r32s4, 4 workloads, 2.78x (1.63x .. 4.15x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   22. total_seq_len > 7643 and num_seqs <= 4 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
-#   23. total_seq_len > 7643 and 4 < num_seqs <= 34 and mean_seq_len > 1448 and 1081 < max_seq_len <= 11582: flashinfer_direct, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
-#   24. total_seq_len > 7643 and 4 < num_seqs <= 34 and mean_seq_len > 1448 and max_seq_len > 11582: vllm_flashinfer_prefill (baseline), 0 workloads
-#   25. total_seq_len > 7643 and 34 < num_seqs <= 181 and max_seq_len > 5420: cuda_prefill_staged.r64s4, 2 workloads, 1.62x (1.36x .. 1.92x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   26. total_seq_len > 7643 and num_seqs > 34 and 1081 < max_seq_len <= 5420: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 7643 and num_seqs > 181 and max_seq_len > 5420: flashinfer_direct, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-#   28. total_seq_len > 11585 and 4 < num_seqs <= 34 and mean_seq_len <= 1448 and max_seq_len > 1081: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   29. total_seq_len > 23170 and num_seqs <= 181 and max_seq_len <= 1081: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off
-#   30. total_seq_len > 23170 and num_seqs > 181 and max_seq_len <= 1081: flashinfer_direct, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
+#   11. 358 < total_seq_len <= 7643 and mean_seq_len <= 2 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.52x (2.50x .. 2.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. 358 < total_seq_len <= 7643 and mean_seq_len <= 2 and max_seq_len > 22: cuda_prefill_staged.r64s4, 1 workloads, 2.65x (2.65x .. 2.65x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   13. 358 < total_seq_len <= 7643 and 2 < mean_seq_len <= 1773: cuda_prefill_staged.r64s4, 65 workloads, 3.25x (1.65x .. 7.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   14. 358 < total_seq_len <= 7643 and mean_seq_len > 1773: cuda_prefill_staged.r32s4, 3 workloads, 3.09x (2.01x .. 4.42x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   15. 7643 < total_seq_len <= 23170 and num_seqs <= 1 and max_seq_len > 7662: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. 7643 < total_seq_len <= 23170 and max_seq_len <= 1081: cuda_prefill_staged.r64s4, 8 workloads, 2.00x (1.58x .. 2.80x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   17. 7643 < total_seq_len <= 23170 and 1 < num_seqs <= 4 and max_seq_len > 7662: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it)
+#   18. total_seq_len > 7643 and num_seqs <= 4 and 1081 < max_seq_len <= 7662: cuda_prefill_staged.r32s4, 4 workloads, 2.78x (1.63x .. 4.15x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   19. total_seq_len > 7643 and 4 < num_seqs <= 34 and mean_seq_len <= 2896 and max_seq_len > 4511: cuda_prefill_cp.p4, 3 workloads, 1.71x (1.18x .. 2.13x) over vllm_flashinfer_prefill
+#   20. total_seq_len > 7643 and 4 < num_seqs <= 34 and 1081 < max_seq_len <= 3371: flashinfer_direct, 3 workloads, 1.51x (1.35x .. 1.63x) over vllm_flashinfer_prefill
+#   21. total_seq_len > 7643 and 4 < num_seqs <= 34 and 3371 < max_seq_len <= 4511: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   22. total_seq_len > 7643 and 4 < num_seqs <= 34 and mean_seq_len > 2896 and max_seq_len > 4511: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64
+#   23. total_seq_len > 7643 and 34 < num_seqs <= 181 and max_seq_len > 5420: cuda_prefill_staged.r64s4, 2 workloads, 1.62x (1.36x .. 1.92x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   24. total_seq_len > 7643 and num_seqs > 34 and 1081 < max_seq_len <= 5420: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 7643 and num_seqs > 181 and max_seq_len > 5420: flashinfer_direct, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+#   26. total_seq_len > 23170 and num_seqs <= 4 and max_seq_len > 7662: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 23170 and num_seqs <= 181 and max_seq_len <= 1081: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 23170 and num_seqs > 181 and max_seq_len <= 1081: flashinfer_direct, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 53), 'num_seqs': (None, 3), 'total_seq_len': (None, 31)}, 'workloads': 1, 'speedup': (5.94, 5.94, 5.94), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
@@ -281,14 +288,14 @@ REGIONS_HINTED = (
     {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (322, 896), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.14, 1.14, 1.14), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (322, 1023), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.41, 2.15, 3.23), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (11, 21), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.06, 1.08, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, None), 'mean_seq_len': (53, 1773), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 5, 'speedup': (1.1, 1.33, 1.77), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, None), 'mean_seq_len': (53, 1254), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 4, 'speedup': (1.26, 1.4, 1.77), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4')},
     {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 322), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 12, 'speedup': (2.58, 3.41, 4.5), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 12, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1023, None), 'mean_seq_len': (1773, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 1, 'speedup': (1.07, 1.07, 1.07), 'fallbacks': (), 'hand_back': True},
+    {'region': 12, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1023, None), 'mean_seq_len': (1254, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 2, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ()},
     {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': (), 'hand_back': True},
     {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (441, None), 'mean_seq_len': (53, None), 'num_seqs': (11, None), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (1.05, 1.11, 1.16), 'fallbacks': ()},
     {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (21, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.04, 1.06, 1.08), 'fallbacks': ()},
     {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 1794), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (5, 53), 'num_seqs': (None, 5), 'total_seq_len': (31, 111)}, 'workloads': 3, 'speedup': (6.23, 6.28, 6.32), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
     {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (None, 5), 'total_seq_len': (31, 111)}, 'workloads': 4, 'speedup': (1.54, 1.64, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8')},
@@ -302,17 +309,21 @@ REGIONS_HINTED = (
     {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 3), 'total_seq_len': (280, None)}, 'workloads': 2, 'speedup': (1.56, 1.59, 1.63), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
     {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (None, 3), 'total_seq_len': (280, None)}, 'workloads': 2, 'speedup': (1.53, 1.55, 1.57), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
     {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (322, 1023), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (1448, 2438)}, 'workloads': 1, 'speedup': (3.23, 3.23, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (11, 21), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, 5792)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 1, 'speedup': (1.7, 1.7, 1.7), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (441, None), 'mean_seq_len': (53, None), 'num_seqs': (11, None), 'total_seq_len': (2896, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (53, None), 'num_seqs': (None, 2), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2872, None), 'mean_seq_len': (3, 53), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2281, 4399), 'mean_seq_len': (53, None), 'num_seqs': (2, 4), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4'), 'hand_back': True},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (53, None), 'num_seqs': (2, 4), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (322, 1023), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (1448, 2438)}, 'workloads': 1, 'speedup': (3.23, 3.23, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (11, 21), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 33, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (53, None), 'num_seqs': (2, 4), 'total_seq_len': (2438, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (53, None), 'num_seqs': (None, 2), 'total_seq_len': (2438, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 1, 'speedup': (1.7, 1.7, 1.7), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (441, 5418), 'mean_seq_len': (53, 181), 'num_seqs': (11, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 38, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (5418, None), 'mean_seq_len': (53, 181), 'num_seqs': (11, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (441, 11562), 'mean_seq_len': (181, 1265), 'num_seqs': (11, None), 'total_seq_len': (2896, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 40, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (11562, None), 'mean_seq_len': (181, 1265), 'num_seqs': (11, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.14, 1.14, 1.14), 'fallbacks': (), 'hand_back': True},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (441, None), 'mean_seq_len': (1265, None), 'num_seqs': (11, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, None), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2872, None), 'mean_seq_len': (3, 53), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 44, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2281, 4399), 'mean_seq_len': (53, None), 'num_seqs': (2, 4), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4'), 'hand_back': True},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (53, None), 'num_seqs': (2, 4), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -326,26 +337,24 @@ REGIONS_HINTED_EAGER = (
     {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (None, 11), 'num_seqs': (8, None), 'total_seq_len': (51, 358)}, 'workloads': 10, 'speedup': (2.23, 3.91, 5.94), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
     {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (30, None), 'mean_seq_len': (None, 11), 'num_seqs': (8, None), 'total_seq_len': (51, 358)}, 'workloads': 5, 'speedup': (2.3, 3.51, 4.85), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
     {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (8, None), 'total_seq_len': (51, 358)}, 'workloads': 3, 'speedup': (2.1, 3.05, 4.22), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (425, None), 'mean_seq_len': (5, 181), 'total_seq_len': (358, 1233)}, 'workloads': 10, 'speedup': (1.65, 2.83, 6.38), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (425, None), 'mean_seq_len': (181, None), 'total_seq_len': (358, 1233)}, 'workloads': 7, 'speedup': (4.64, 6.5, 8.27), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 2), 'total_seq_len': (358, 7643)}, 'workloads': 2, 'speedup': (2.5, 2.52, 2.54), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (None, 2), 'total_seq_len': (358, 7643)}, 'workloads': 1, 'speedup': (2.65, 2.65, 2.65), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 5), 'total_seq_len': (358, 7643)}, 'workloads': 3, 'speedup': (2.11, 2.33, 2.64), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 425), 'mean_seq_len': (5, None), 'total_seq_len': (358, 7643)}, 'workloads': 31, 'speedup': (1.69, 3.19, 6.18), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (425, None), 'mean_seq_len': (5, None), 'num_seqs': (None, 2), 'total_seq_len': (1233, 7643)}, 'workloads': 6, 'speedup': (2.01, 3.44, 4.63), 'fallbacks': ()},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (425, None), 'mean_seq_len': (5, None), 'num_seqs': (2, None), 'total_seq_len': (1233, 7643)}, 'workloads': 11, 'speedup': (1.76, 2.7, 5.58), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (None, 1448), 'num_seqs': (4, 34), 'total_seq_len': (7643, 11585)}, 'workloads': 6, 'speedup': (1.18, 1.42, 1.63), 'fallbacks': ()},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1081), 'total_seq_len': (7643, 23170)}, 'workloads': 8, 'speedup': (1.58, 2.0, 2.8), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1081, 8189), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.63, 2.78, 4.15), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 11582), 'mean_seq_len': (1448, None), 'num_seqs': (4, 34), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11582, None), 'mean_seq_len': (1448, None), 'num_seqs': (4, 34), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (5420, None), 'num_seqs': (34, 181), 'total_seq_len': (7643, None)}, 'workloads': 2, 'speedup': (1.36, 1.62, 1.92), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, 5420), 'num_seqs': (34, None), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (5420, None), 'num_seqs': (181, None), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (None, 1448), 'num_seqs': (4, 34), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1081), 'num_seqs': (None, 181), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1081), 'num_seqs': (181, None), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 2), 'total_seq_len': (358, 7643)}, 'workloads': 2, 'speedup': (2.5, 2.52, 2.54), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (None, 2), 'total_seq_len': (358, 7643)}, 'workloads': 1, 'speedup': (2.65, 2.65, 2.65), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 1773), 'total_seq_len': (358, 7643)}, 'workloads': 65, 'speedup': (1.65, 3.25, 7.98), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (1773, None), 'total_seq_len': (358, 7643)}, 'workloads': 3, 'speedup': (2.01, 3.09, 4.42), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7662, None), 'num_seqs': (None, 1), 'total_seq_len': (7643, 23170)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1081), 'total_seq_len': (7643, 23170)}, 'workloads': 8, 'speedup': (1.58, 2.0, 2.8), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 17, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (7662, None), 'num_seqs': (1, 4), 'total_seq_len': (7643, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1081, 7662), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.63, 2.78, 4.15), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 19, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (4511, None), 'mean_seq_len': (None, 2896), 'num_seqs': (4, 34), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.18, 1.71, 2.13), 'fallbacks': ()},
+    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 3371), 'num_seqs': (4, 34), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.35, 1.51, 1.63), 'fallbacks': ()},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (3371, 4511), 'num_seqs': (4, 34), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4511, None), 'mean_seq_len': (2896, None), 'num_seqs': (4, 34), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (5420, None), 'num_seqs': (34, 181), 'total_seq_len': (7643, None)}, 'workloads': 2, 'speedup': (1.36, 1.62, 1.92), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, 5420), 'num_seqs': (34, None), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (5420, None), 'num_seqs': (181, None), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7662, None), 'num_seqs': (None, 4), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1081), 'num_seqs': (None, 181), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1081), 'num_seqs': (181, None), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -381,14 +390,14 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 9: 2 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and 11 < num_seqs <= 21 and mean_seq_len > 53 and max_seq_len <= 441:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 10: 5 workloads, 1.33x (1.10x .. 1.77x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2438 and num_seqs <= 4 and 53 < mean_seq_len <= 1773 and max_seq_len > 1023:
-        return 'cuda_prefill_staged.r32s4'
+    # region 10: 4 workloads, 1.40x (1.26x .. 1.77x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2438 and num_seqs <= 4 and 53 < mean_seq_len <= 1254 and max_seq_len > 1023:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_staged.r32s4'
     # region 11: 12 workloads, 3.41x (2.58x .. 4.50x) over vllm_flashinfer_prefill
     if total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 322:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 12: 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 1773 and max_seq_len > 1023:
+    # region 12: 2 workloads, 1.08x (1.03x .. 1.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 1254 and max_seq_len > 1023:
         return 'cuda_prefill_cp.p4'
     # region 13: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len <= 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794:
@@ -404,7 +413,7 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 17: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 4 < num_seqs <= 11 and mean_seq_len > 53 and 956 < max_seq_len <= 1081:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 18: 0 workloads, by estimated times (no measured workload in it)
     if 4 < num_seqs <= 11 and mean_seq_len > 53 and 1081 < max_seq_len <= 1794:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
@@ -446,35 +455,44 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return 'flashinfer_direct'
     # region 31: 1 workloads, 3.23x (3.23x .. 3.23x) over vllm_flashinfer_prefill
     if 1448 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 1023:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4') if inside else 'flashinfer_direct'
     # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and 11 < num_seqs <= 21 and mean_seq_len > 53 and max_seq_len <= 441:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 2438 < total_seq_len <= 5792 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 2281:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if 2438 < total_seq_len <= 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 2281:
+        return 'cuda_prefill_cp.p4'
+    # region 34: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2438 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len > 2281:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill
     if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 2281:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 35: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 36: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs > 11 and mean_seq_len > 53 and max_seq_len > 441:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 5 workloads, the baseline; its stand-ins where it cannot run here
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs > 11 and 53 < mean_seq_len <= 181 and 441 < max_seq_len <= 5418:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 38: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 2896 and num_seqs > 11 and 53 < mean_seq_len <= 181 and max_seq_len > 5418:
+        return 'cuda_prefill_cp.p4'
+    # region 39: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs > 11 and 181 < mean_seq_len <= 1265 and 441 < max_seq_len <= 11562:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 2896 and num_seqs > 11 and 181 < mean_seq_len <= 1265 and max_seq_len > 11562:
+        return 'cuda_prefill_cp.p4'
+    # region 42: 5 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 53 and max_seq_len <= 441:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len > 2281:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 3 < mean_seq_len <= 53 and max_seq_len > 2872:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 44: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and 2281 < max_seq_len <= 4399:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
-    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 45: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 4399:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -513,61 +531,58 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 10: 3 workloads, 3.05x (2.10x .. 4.22x) over vllm_flashinfer_prefill
     if 51 < total_seq_len <= 358 and num_seqs > 8 and mean_seq_len > 11:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 10 workloads, 2.83x (1.65x .. 6.38x) over vllm_flashinfer_prefill
-    if 358 < total_seq_len <= 1233 and 5 < mean_seq_len <= 181 and max_seq_len > 425:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 7 workloads, 6.50x (4.64x .. 8.27x) over vllm_flashinfer_prefill
-    if 358 < total_seq_len <= 1233 and mean_seq_len > 181 and max_seq_len > 425:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 13: 2 workloads, 2.52x (2.50x .. 2.54x) over vllm_flashinfer_prefill
+    # region 11: 2 workloads, 2.52x (2.50x .. 2.54x) over vllm_flashinfer_prefill
     if 358 < total_seq_len <= 7643 and mean_seq_len <= 2 and max_seq_len <= 22:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 1 workloads, 2.65x (2.65x .. 2.65x) over vllm_flashinfer_prefill
+    # region 12: 1 workloads, 2.65x (2.65x .. 2.65x) over vllm_flashinfer_prefill
     if 358 < total_seq_len <= 7643 and mean_seq_len <= 2 and max_seq_len > 22:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 3 workloads, 2.33x (2.11x .. 2.64x) over vllm_flashinfer_prefill
-    if 358 < total_seq_len <= 7643 and 2 < mean_seq_len <= 5:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 31 workloads, 3.19x (1.69x .. 6.18x) over vllm_flashinfer_prefill
-    if 358 < total_seq_len <= 7643 and mean_seq_len > 5 and max_seq_len <= 425:
+    # region 13: 65 workloads, 3.25x (1.65x .. 7.98x) over vllm_flashinfer_prefill
+    if 358 < total_seq_len <= 7643 and 2 < mean_seq_len <= 1773:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 6 workloads, 3.44x (2.01x .. 4.63x) over vllm_flashinfer_prefill
-    if 1233 < total_seq_len <= 7643 and num_seqs <= 2 and mean_seq_len > 5 and max_seq_len > 425:
-        return 'cuda_prefill_staged.r32s4'
-    # region 18: 11 workloads, 2.70x (1.76x .. 5.58x) over vllm_flashinfer_prefill
-    if 1233 < total_seq_len <= 7643 and num_seqs > 2 and mean_seq_len > 5 and max_seq_len > 425:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 6 workloads, 1.42x (1.18x .. 1.63x) over vllm_flashinfer_prefill
-    if 7643 < total_seq_len <= 11585 and 4 < num_seqs <= 34 and mean_seq_len <= 1448 and max_seq_len > 1081:
-        return 'flashinfer_direct'
-    # region 20: 8 workloads, 2.00x (1.58x .. 2.80x) over vllm_flashinfer_prefill
+    # region 14: 3 workloads, 3.09x (2.01x .. 4.42x) over vllm_flashinfer_prefill
+    if 358 < total_seq_len <= 7643 and mean_seq_len > 1773:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 15: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 7643 < total_seq_len <= 23170 and num_seqs <= 1 and max_seq_len > 7662:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 16: 8 workloads, 2.00x (1.58x .. 2.80x) over vllm_flashinfer_prefill
     if 7643 < total_seq_len <= 23170 and max_seq_len <= 1081:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 4 workloads, 2.78x (1.63x .. 4.15x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs <= 4 and 1081 < max_seq_len <= 8189:
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if 7643 < total_seq_len <= 23170 and 1 < num_seqs <= 4 and max_seq_len > 7662:
+        return 'cuda_prefill_cp.p4'
+    # region 18: 4 workloads, 2.78x (1.63x .. 4.15x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs <= 4 and 1081 < max_seq_len <= 7662:
         return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 22: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7643 and num_seqs <= 4 and max_seq_len > 8189:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and 4 < num_seqs <= 34 and mean_seq_len > 1448 and 1081 < max_seq_len <= 11582:
+    # region 19: 3 workloads, 1.71x (1.18x .. 2.13x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and 4 < num_seqs <= 34 and mean_seq_len <= 2896 and max_seq_len > 4511:
+        return 'cuda_prefill_cp.p4'
+    # region 20: 3 workloads, 1.51x (1.35x .. 1.63x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and 4 < num_seqs <= 34 and 1081 < max_seq_len <= 3371:
         return 'flashinfer_direct'
-    # region 25: 2 workloads, 1.62x (1.36x .. 1.92x) over vllm_flashinfer_prefill
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 7643 and 4 < num_seqs <= 34 and 3371 < max_seq_len <= 4511:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7643 and 4 < num_seqs <= 34 and mean_seq_len > 2896 and max_seq_len > 4511:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 23: 2 workloads, 1.62x (1.36x .. 1.92x) over vllm_flashinfer_prefill
     if total_seq_len > 7643 and 34 < num_seqs <= 181 and max_seq_len > 5420:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 7643 and num_seqs > 34 and 1081 < max_seq_len <= 5420:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 27: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+    # region 25: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
     if total_seq_len > 7643 and num_seqs > 181 and max_seq_len > 5420:
         return 'flashinfer_direct'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and 4 < num_seqs <= 34 and mean_seq_len <= 1448 and max_seq_len > 1081:
-        return 'cuda_prefill_staged.r64s4'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    # region 26: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 23170 and num_seqs <= 4 and max_seq_len > 7662:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 23170 and num_seqs <= 181 and max_seq_len <= 1081:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 30: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
+    # region 28: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
     if total_seq_len > 23170 and num_seqs > 181 and max_seq_len <= 1081:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
@@ -575,10 +590,14 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 1773 and max_seq_len > 1023:  # region 12
-        return True
     if total_seq_len <= 2896 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 1794:  # region 13
         return True
-    if total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and 2281 < max_seq_len <= 4399:  # region 40
+    if 2438 < total_seq_len <= 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and max_seq_len > 2281:  # region 33
+        return True
+    if total_seq_len > 2896 and num_seqs > 11 and 53 < mean_seq_len <= 181 and max_seq_len > 5418:  # region 38
+        return True
+    if total_seq_len > 2896 and num_seqs > 11 and 181 < mean_seq_len <= 1265 and max_seq_len > 11562:  # region 40
+        return True
+    if total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 53 and 2281 < max_seq_len <= 4399:  # region 44
         return True
     return False
