@@ -452,10 +452,11 @@ def test_estimates_ignore_shapes_a_variant_declines():
 
 
 def test_pool_prefill_grid_shapes_are_valid_batches():
-    from kdispatch.definitions.gdn.spec import pool_prefill_grid
+    from kdispatch.definitions.gdn.spec import half_octave_steps, pool_prefill_grid
     from kdispatch.spec import log_steps
 
     assert log_steps(1, 256) == [1, 2, 4, 8, 16, 32, 64, 128, 256] and log_steps(3, 5) == [3, 4, 5]
+    assert half_octave_steps(1, 32) == [1, 2, 3, 4, 6, 8, 11, 16, 23, 32] and half_octave_steps(5, 12) == [5, 6, 8, 11, 12]
     ranges = {"total_seq_len": (1, 32768), "num_seqs": (1, 256), "max_seq_len": (1, 32768)}
     shapes = pool_prefill_grid(ranges, {"max_seq_len": [1, 1893, 32768]})
     assert len(shapes) > 300
@@ -466,6 +467,8 @@ def test_pool_prefill_grid_shapes_are_valid_batches():
     at_measured = {(s["total_seq_len"], s["num_seqs"]) for s in shapes if s["max_seq_len"] == 1893}
     assert (4096, 4) in at_measured and (32768, 32) in at_measured and (4096, 2) not in at_measured
     assert not any(s["max_seq_len"] == 1893 for s in pool_prefill_grid(ranges, {}))  # eager fits
+    # totals at half octaves: equal lengths between powers of two (14 x 969 tokens) have grid shapes near them
+    assert any(s["total_seq_len"] // s["num_seqs"] == 724 and s["max_seq_len"] == 724 for s in shapes)
 
 
 def test_the_hinted_fit_places_bounds_by_estimated_times(tmp_path):

@@ -182,147 +182,153 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2768 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 5527 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.39% mean, 39.53% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.51% mean, 41.77% max;
 #             1.211x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.68% mean, 41.14% max;
-#             2.199x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.54% mean, 75.82% max;
+#             2.190x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 2 and num_seqs <= 1: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64
-#   2. total_seq_len <= 11 and 1 < num_seqs <= 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64
-#   3. total_seq_len <= 22 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 898: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.70x (1.61x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 58 and num_seqs > 3 and 2 < mean_seq_len <= 6 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.48x (1.33x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   5. total_seq_len <= 58 and num_seqs > 3 and 2 < mean_seq_len <= 6 and 8 < max_seq_len <= 898: cuda_prefill_staged.r32s4, 3 workloads, 1.28x (1.27x .. 1.29x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   6. total_seq_len <= 58 and num_seqs > 3 and mean_seq_len > 6 and max_seq_len <= 13: triton_prefill_fused.c16v64, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8
-#   7. total_seq_len <= 58 and num_seqs > 3 and mean_seq_len > 6 and 13 < max_seq_len <= 898: cuda_prefill_staged.r32s4, 2 workloads, 1.18x (1.17x .. 1.19x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   8. total_seq_len <= 2470 and 5 < num_seqs <= 11 and 898 < max_seq_len <= 1794: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 2470 and 5 < num_seqs <= 11 and max_seq_len > 1794: cuda_prefill_staged.r64s4, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   10. total_seq_len <= 2470 and 11 < num_seqs <= 45 and max_seq_len > 898: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   11. total_seq_len <= 2470 and num_seqs > 45 and max_seq_len > 898: cuda_prefill_staged.r64s4, 2 workloads, 1.26x (1.05x .. 1.52x) over vllm_flashinfer_prefill
-#   12. total_seq_len <= 2896 and 3 < num_seqs <= 5 and max_seq_len > 1659: cuda_prefill_staged.r64s4, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   13. 3 < num_seqs <= 5 and 898 < max_seq_len <= 1659: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   14. 2 < total_seq_len <= 28 and num_seqs <= 1: triton_prefill_fused.c16v32, 2 workloads, 5.52x (4.82x .. 6.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64
-#   15. 11 < total_seq_len <= 28 and 1 < num_seqs <= 3: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   16. 22 < total_seq_len <= 45 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64
-#   17. 22 < total_seq_len <= 45 and num_seqs > 3 and mean_seq_len <= 2 and 10 < max_seq_len <= 898: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   18. 28 < total_seq_len <= 1752 and num_seqs <= 3 and mean_seq_len <= 1254 and max_seq_len > 1018: cuda_prefill_staged.r32s4, 2 workloads, 1.57x (1.42x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 28 < total_seq_len <= 2834 and num_seqs <= 3 and mean_seq_len > 1254: cuda_prefill_staged.r32s4, 3 workloads, 1.21x (1.11x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   20. total_seq_len > 28 and num_seqs <= 3 and mean_seq_len <= 1254 and max_seq_len <= 590: cuda_prefill_staged.r32s4, 11 workloads, 2.86x (1.04x .. 4.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   21. total_seq_len > 28 and num_seqs <= 3 and mean_seq_len <= 1254 and 590 < max_seq_len <= 864: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   22. total_seq_len > 28 and num_seqs <= 3 and mean_seq_len <= 1254 and 864 < max_seq_len <= 1018: cuda_prefill_staged.r64s4, 2 workloads, 2.06x (2.02x .. 2.11x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4
-#   23. 45 < total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   24. 45 < total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 898: cuda_prefill_staged.r64s4, 1 workloads, 1.56x (1.56x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   25. 58 < total_seq_len <= 91 and num_seqs > 3 and mean_seq_len > 2 and max_seq_len <= 898: cuda_prefill_staged.r64s4, 7 workloads, 1.25x (1.10x .. 1.42x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   26. total_seq_len > 91 and num_seqs > 3 and 2 < mean_seq_len <= 45 and max_seq_len <= 898: cuda_prefill_staged.r64s4, 45 workloads, 1.34x (1.04x .. 1.56x) over vllm_flashinfer_prefill
-#   27. total_seq_len > 91 and num_seqs > 3 and mean_seq_len > 45 and max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 35 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
-#   28. total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.57x (1.54x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   29. total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and 21 < max_seq_len <= 898: cuda_prefill_staged.r64s4, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   30. total_seq_len > 1752 and num_seqs <= 3 and mean_seq_len <= 1254 and max_seq_len > 1018: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   31. total_seq_len > 2470 and num_seqs > 5 and mean_seq_len <= 45 and 898 < max_seq_len <= 1205: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   32. total_seq_len > 2470 and num_seqs > 5 and max_seq_len > 1205: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   33. total_seq_len > 2470 and num_seqs > 5 and mean_seq_len > 45 and 898 < max_seq_len <= 1205: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
-#   34. total_seq_len > 2834 and num_seqs <= 3 and mean_seq_len > 1254: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   35. total_seq_len > 2896 and 3 < num_seqs <= 5 and max_seq_len > 1659: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   1. total_seq_len <= 304 and mean_seq_len <= 1 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 1 workloads, 7.70x (7.70x .. 7.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   2. total_seq_len <= 304 and mean_seq_len <= 1 and 10 < max_seq_len <= 898: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v64
+#   3. total_seq_len <= 608 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len <= 692: cuda_prefill_staged.r32s4, 9 workloads, 2.82x (1.04x .. 3.84x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   4. total_seq_len <= 608 and num_seqs > 3 and mean_seq_len > 37 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   5. total_seq_len <= 608 and num_seqs > 3 and mean_seq_len > 37 and 83 < max_seq_len <= 90: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   6. total_seq_len <= 738 and num_seqs > 3 and 53 < mean_seq_len <= 291 and max_seq_len > 333: cuda_prefill_staged.r32s4, 3 workloads, 1.10x (1.08x .. 1.13x) over vllm_flashinfer_prefill
+#   7. total_seq_len <= 861 and num_seqs > 3 and 37 < mean_seq_len <= 107 and 90 < max_seq_len <= 333: cuda_prefill_staged.r64s4, 2 workloads, 1.09x (1.07x .. 1.10x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 861 and num_seqs > 3 and mean_seq_len > 107 and 90 < max_seq_len <= 333: flashinfer_direct, 2 workloads, 1.05x (1.04x .. 1.06x) over vllm_flashinfer_prefill
+#   9. total_seq_len <= 1217 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len > 692: cuda_prefill_staged.r64s4, 2 workloads, 2.06x (2.02x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len <= 1722 and num_seqs > 3 and 291 < mean_seq_len <= 608 and max_seq_len > 333: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   11. total_seq_len <= 1752 and num_seqs <= 3 and 736 < mean_seq_len <= 1491: cuda_prefill_staged.r32s4, 2 workloads, 1.57x (1.42x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. total_seq_len <= 2047 and num_seqs > 3 and 37 < mean_seq_len <= 53 and max_seq_len > 333: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   13. total_seq_len <= 2982 and num_seqs <= 3 and mean_seq_len > 1491: cuda_prefill_staged.r32s4, 3 workloads, 1.21x (1.11x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   14. total_seq_len <= 6888 and mean_seq_len <= 37 and 1105 < max_seq_len <= 2314: cuda_prefill_staged.r64s4, 2 workloads, 1.26x (1.05x .. 1.52x) over vllm_flashinfer_prefill
+#   15. mean_seq_len <= 26 and 898 < max_seq_len <= 1105: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   16. mean_seq_len <= 26 and 2314 < max_seq_len <= 3904: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   17. mean_seq_len <= 37 and max_seq_len > 3904: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   18. 1 < mean_seq_len <= 3 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.62x (1.50x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   19. 1 < mean_seq_len <= 3 and 10 < max_seq_len <= 898: cuda_prefill_staged.r64s4, 2 workloads, 1.57x (1.56x .. 1.59x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   20. 3 < mean_seq_len <= 37 and max_seq_len <= 898: cuda_prefill_staged.r64s4, 64 workloads, 1.38x (1.04x .. 4.45x) over vllm_flashinfer_prefill
+#   21. 26 < mean_seq_len <= 37 and 898 < max_seq_len <= 901: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   22. 26 < mean_seq_len <= 37 and 901 < max_seq_len <= 1105: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   23. 26 < mean_seq_len <= 37 and 2314 < max_seq_len <= 3904: vllm_flashinfer_prefill (baseline), 0 workloads
+#   24. num_seqs > 3 and mean_seq_len > 608 and max_seq_len > 333: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   25. total_seq_len > 304 and mean_seq_len <= 1 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   26. total_seq_len > 304 and mean_seq_len <= 1 and 43 < max_seq_len <= 898: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   27. total_seq_len > 608 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len <= 692: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.39x (2.39x .. 2.39x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   28. total_seq_len > 608 and num_seqs > 3 and 37 < mean_seq_len <= 53 and max_seq_len <= 90: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   29. total_seq_len > 608 and num_seqs > 3 and mean_seq_len > 53 and max_seq_len <= 90: cuda_prefill_staged.r64s4, 2 workloads, 1.05x (1.04x .. 1.05x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   30. total_seq_len > 738 and num_seqs > 3 and 53 < mean_seq_len <= 291 and max_seq_len > 333: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   31. total_seq_len > 861 and num_seqs > 3 and 37 < mean_seq_len <= 53 and 90 < max_seq_len <= 333: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   32. total_seq_len > 861 and num_seqs > 3 and mean_seq_len > 53 and 90 < max_seq_len <= 333: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
+#   33. total_seq_len > 1217 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len > 692: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   34. total_seq_len > 1722 and num_seqs > 3 and 291 < mean_seq_len <= 608 and max_seq_len > 333: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   35. total_seq_len > 1752 and num_seqs <= 3 and 736 < mean_seq_len <= 1491: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 2047 and num_seqs > 3 and 37 < mean_seq_len <= 53 and max_seq_len > 333: vllm_flashinfer_prefill (baseline), 0 workloads
+#   37. total_seq_len > 2982 and num_seqs <= 3 and mean_seq_len > 1491: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   38. total_seq_len > 6888 and mean_seq_len <= 37 and 1105 < max_seq_len <= 2314: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 11 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 22 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 1 workloads, 3.07x (3.07x .. 3.07x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 41 and num_seqs <= 5 and max_seq_len > 8: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.20x (4.17x .. 12.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 41 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 2 workloads, 6.39x (4.17x .. 9.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 41 and num_seqs > 5 and max_seq_len > 8: cuda_prefill_pool_rows.k4c8, 3 workloads, 3.15x (2.82x .. 3.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   6. 11 < total_seq_len <= 41 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.72x (3.19x .. 4.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   7. 22 < total_seq_len <= 41 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.98x (3.98x .. 3.98x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   8. 41 < total_seq_len <= 106 and max_seq_len > 63: cuda_prefill_pool_rows.k8c8, 2 workloads, 7.86x (7.77x .. 7.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. 41 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.59x (2.36x .. 2.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   10. 41 < total_seq_len <= 150 and mean_seq_len <= 2 and 12 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   11. 41 < total_seq_len <= 150 and mean_seq_len > 2 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 11 workloads, 3.27x (1.75x .. 4.37x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   12. 41 < total_seq_len <= 150 and mean_seq_len > 2 and 44 < max_seq_len <= 63: cuda_prefill_staged.r64s4, 2 workloads, 3.75x (3.68x .. 3.82x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   13. 106 < total_seq_len <= 150 and max_seq_len > 63: cuda_prefill_staged.r64s4, 6 workloads, 2.55x (1.33x .. 6.77x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   14. 150 < total_seq_len <= 791 and mean_seq_len <= 2 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.38x (2.29x .. 2.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. 150 < total_seq_len <= 791 and mean_seq_len <= 2 and max_seq_len > 45: cuda_prefill_staged.r64s4, 1 workloads, 2.07x (2.07x .. 2.07x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. 150 < total_seq_len <= 791 and 2 < mean_seq_len <= 5 and max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.29x (2.06x .. 2.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 150 < total_seq_len <= 791 and 2 < mean_seq_len <= 5 and max_seq_len > 15: cuda_prefill_staged.r64s4, 1 workloads, 2.64x (2.64x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 150 < total_seq_len <= 3821 and mean_seq_len > 5: cuda_prefill_staged.r64s4, 78 workloads, 2.80x (1.18x .. 9.08x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   19. 791 < total_seq_len <= 3821 and mean_seq_len <= 5: cuda_prefill_staged.r64s4, 3 workloads, 1.89x (1.66x .. 2.12x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. 3821 < total_seq_len <= 7968 and num_seqs <= 1: cuda_prefill_staged.r32s4, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill
-#   21. 3821 < total_seq_len <= 7968 and num_seqs > 1: cuda_prefill_staged.r64s4, 2 workloads, 1.96x (1.84x .. 2.09x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   22. 7968 < total_seq_len <= 17695 and max_seq_len <= 725: cuda_prefill_staged.r64s4, 6 workloads, 1.73x (1.48x .. 2.21x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   23. total_seq_len > 7968 and num_seqs <= 5 and mean_seq_len <= 5792 and 725 < max_seq_len <= 5418: flashinfer_direct, 2 workloads, 1.56x (1.56x .. 1.57x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   24. total_seq_len > 7968 and num_seqs <= 5 and mean_seq_len <= 5792 and max_seq_len > 5418: cuda_prefill_staged.r64s4, 1 workloads, 1.89x (1.89x .. 1.89x) over vllm_flashinfer_prefill
-#   25. total_seq_len > 7968 and mean_seq_len > 5792 and max_seq_len > 725: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   26. total_seq_len > 7968 and num_seqs > 5 and mean_seq_len <= 5792 and 725 < max_seq_len <= 16380: flashinfer_direct, 11 workloads, 1.35x (1.15x .. 1.62x) over vllm_flashinfer_prefill
-#   27. total_seq_len > 7968 and num_seqs > 5 and mean_seq_len <= 5792 and max_seq_len > 16380: vllm_flashinfer_prefill (baseline), 0 workloads
-#   28. total_seq_len > 17695 and max_seq_len <= 725: flashinfer_direct, 2 workloads, 1.18x (1.12x .. 1.24x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 48 and num_seqs <= 5: cuda_prefill_pool_rows.k8c8, 10 workloads, 5.51x (3.07x .. 12.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 48 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 2 workloads, 4.15x (4.12x .. 4.17x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 48 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 5: cuda_prefill_pool_rows.k4c8, 1 workloads, 3.25x (3.25x .. 3.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 48 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.19x (3.19x .. 3.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 48 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len > 11: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.10x (2.82x .. 3.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   6. 48 < total_seq_len <= 89 and max_seq_len > 63: cuda_prefill_pool_rows.k8c8, 2 workloads, 7.86x (7.77x .. 7.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. 48 < total_seq_len <= 178 and mean_seq_len <= 2 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.59x (2.36x .. 2.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
+#   8. 48 < total_seq_len <= 178 and mean_seq_len <= 2 and 12 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   9. 48 < total_seq_len <= 178 and mean_seq_len > 2 and max_seq_len <= 42: cuda_prefill_pool_rows.k2c8, 12 workloads, 3.19x (1.75x .. 4.37x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64
+#   10. 48 < total_seq_len <= 178 and mean_seq_len > 2 and 42 < max_seq_len <= 63: cuda_prefill_staged.r64s4, 2 workloads, 3.75x (3.68x .. 3.82x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   11. 89 < total_seq_len <= 178 and max_seq_len > 63: cuda_prefill_staged.r64s4, 6 workloads, 2.55x (1.33x .. 6.77x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   12. 178 < total_seq_len <= 430 and mean_seq_len <= 3 and max_seq_len <= 58: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   13. 178 < total_seq_len <= 430 and mean_seq_len <= 3 and max_seq_len > 58: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   14. 178 < total_seq_len <= 3821 and mean_seq_len > 3: cuda_prefill_staged.r64s4, 84 workloads, 2.74x (1.18x .. 9.08x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   15. 430 < total_seq_len <= 559 and mean_seq_len <= 3 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.38x (2.29x .. 2.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. 430 < total_seq_len <= 559 and mean_seq_len <= 3 and max_seq_len > 22: cuda_prefill_staged.r64s4, 1 workloads, 2.07x (2.07x .. 2.07x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 559 < total_seq_len <= 3821 and mean_seq_len <= 3 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.35x (2.35x .. 2.35x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 559 < total_seq_len <= 3821 and mean_seq_len <= 3 and max_seq_len > 11: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
+#   19. 3821 < total_seq_len <= 7968 and num_seqs <= 1: cuda_prefill_staged.r32s4, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill
+#   20. 3821 < total_seq_len <= 7968 and num_seqs > 1: cuda_prefill_staged.r64s4, 2 workloads, 1.96x (1.84x .. 2.09x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. 7968 < total_seq_len <= 17695 and max_seq_len <= 810: cuda_prefill_staged.r64s4, 6 workloads, 1.73x (1.48x .. 2.21x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   22. 7968 < total_seq_len <= 18754 and mean_seq_len <= 2435 and max_seq_len > 810: flashinfer_direct, 13 workloads, 1.40x (1.15x .. 1.62x) over vllm_flashinfer_prefill
+#   23. 7968 < total_seq_len <= 18754 and 2435 < mean_seq_len <= 6888 and max_seq_len > 810: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   24. total_seq_len > 7968 and mean_seq_len > 6888 and max_seq_len > 810: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 17695 and mean_seq_len <= 107 and max_seq_len <= 810: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len > 17695 and mean_seq_len > 107 and max_seq_len <= 810: flashinfer_direct, 2 workloads, 1.18x (1.12x .. 1.24x) over vllm_flashinfer_prefill
+#   27. total_seq_len > 18754 and mean_seq_len <= 6888 and 810 < max_seq_len <= 11585: flashinfer_direct, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
+#   28. total_seq_len > 18754 and mean_seq_len <= 6888 and max_seq_len > 11585: vllm_flashinfer_prefill (baseline), 0 workloads
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (8.91, 8.91, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 898), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (None, 22)}, 'workloads': 3, 'speedup': (1.61, 1.7, 1.78), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (2, 6), 'num_seqs': (3, None), 'total_seq_len': (None, 58)}, 'workloads': 4, 'speedup': (1.33, 1.48, 1.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (8, 898), 'mean_seq_len': (2, 6), 'num_seqs': (3, None), 'total_seq_len': (None, 58)}, 'workloads': 3, 'speedup': (1.27, 1.28, 1.29), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (6, None), 'num_seqs': (3, None), 'total_seq_len': (None, 58)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (13, 898), 'mean_seq_len': (6, None), 'num_seqs': (3, None), 'total_seq_len': (None, 58)}, 'workloads': 2, 'speedup': (1.17, 1.18, 1.19), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (898, 1794), 'num_seqs': (5, 11), 'total_seq_len': (None, 2470)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 2470)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': (), 'hand_back': True},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (11, 45), 'total_seq_len': (None, 2470)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (45, None), 'total_seq_len': (None, 2470)}, 'workloads': 2, 'speedup': (1.05, 1.26, 1.52), 'fallbacks': ()},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1659, None), 'num_seqs': (3, 5), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (898, 1659), 'num_seqs': (3, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (2, 28)}, 'workloads': 2, 'speedup': (4.82, 5.52, 6.31), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64')},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (11, 28)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (22, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (10, 898), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (22, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1018, None), 'mean_seq_len': (None, 1254), 'num_seqs': (None, 3), 'total_seq_len': (28, 1752)}, 'workloads': 2, 'speedup': (1.42, 1.57, 1.73), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (1254, None), 'num_seqs': (None, 3), 'total_seq_len': (28, 2834)}, 'workloads': 3, 'speedup': (1.11, 1.21, 1.36), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 590), 'mean_seq_len': (None, 1254), 'num_seqs': (None, 3), 'total_seq_len': (28, None)}, 'workloads': 11, 'speedup': (1.04, 2.86, 4.31), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (590, 864), 'mean_seq_len': (None, 1254), 'num_seqs': (None, 3), 'total_seq_len': (28, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (864, 1018), 'mean_seq_len': (None, 1254), 'num_seqs': (None, 3), 'total_seq_len': (28, None)}, 'workloads': 2, 'speedup': (2.02, 2.06, 2.11), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (45, 362)}, 'workloads': 2, 'speedup': (1.6, 1.63, 1.66), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 898), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (45, 362)}, 'workloads': 1, 'speedup': (1.56, 1.56, 1.56), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 898), 'mean_seq_len': (2, None), 'num_seqs': (3, None), 'total_seq_len': (58, 91)}, 'workloads': 7, 'speedup': (1.1, 1.25, 1.42), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 898), 'mean_seq_len': (2, 45), 'num_seqs': (3, None), 'total_seq_len': (91, None)}, 'workloads': 45, 'speedup': (1.04, 1.34, 1.56), 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 898), 'mean_seq_len': (45, None), 'num_seqs': (3, None), 'total_seq_len': (91, None)}, 'workloads': 35, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.54, 1.57, 1.61), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (21, 898), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1018, None), 'mean_seq_len': (None, 1254), 'num_seqs': (None, 3), 'total_seq_len': (1752, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, 1205), 'mean_seq_len': (None, 45), 'num_seqs': (5, None), 'total_seq_len': (2470, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1205, None), 'num_seqs': (5, None), 'total_seq_len': (2470, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, 1205), 'mean_seq_len': (45, None), 'num_seqs': (5, None), 'total_seq_len': (2470, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1254, None), 'num_seqs': (None, 3), 'total_seq_len': (2834, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1659, None), 'num_seqs': (3, 5), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 1), 'total_seq_len': (None, 304)}, 'workloads': 1, 'speedup': (7.7, 7.7, 7.7), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (10, 898), 'mean_seq_len': (None, 1), 'total_seq_len': (None, 304)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 692), 'mean_seq_len': (37, 736), 'num_seqs': (None, 3), 'total_seq_len': (None, 608)}, 'workloads': 9, 'speedup': (1.04, 2.82, 3.84), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'mean_seq_len': (37, None), 'num_seqs': (3, None), 'total_seq_len': (None, 608)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 90), 'mean_seq_len': (37, None), 'num_seqs': (3, None), 'total_seq_len': (None, 608)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (53, 291), 'num_seqs': (3, None), 'total_seq_len': (None, 738)}, 'workloads': 3, 'speedup': (1.08, 1.1, 1.13), 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (90, 333), 'mean_seq_len': (37, 107), 'num_seqs': (3, None), 'total_seq_len': (None, 861)}, 'workloads': 2, 'speedup': (1.07, 1.09, 1.1), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (90, 333), 'mean_seq_len': (107, None), 'num_seqs': (3, None), 'total_seq_len': (None, 861)}, 'workloads': 2, 'speedup': (1.04, 1.05, 1.06), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (692, None), 'mean_seq_len': (37, 736), 'num_seqs': (None, 3), 'total_seq_len': (None, 1217)}, 'workloads': 2, 'speedup': (2.02, 2.06, 2.11), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (291, 608), 'num_seqs': (3, None), 'total_seq_len': (None, 1722)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (736, 1491), 'num_seqs': (None, 3), 'total_seq_len': (None, 1752)}, 'workloads': 2, 'speedup': (1.42, 1.57, 1.73), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (37, 53), 'num_seqs': (3, None), 'total_seq_len': (None, 2047)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (1491, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 2982)}, 'workloads': 3, 'speedup': (1.11, 1.21, 1.36), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1105, 2314), 'mean_seq_len': (None, 37), 'total_seq_len': (None, 6888)}, 'workloads': 2, 'speedup': (1.05, 1.26, 1.52), 'fallbacks': ()},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, 1105), 'mean_seq_len': (None, 26)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2314, 3904), 'mean_seq_len': (None, 26)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3904, None), 'mean_seq_len': (None, 37)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (1, 3)}, 'workloads': 8, 'speedup': (1.5, 1.62, 1.78), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (10, 898), 'mean_seq_len': (1, 3)}, 'workloads': 2, 'speedup': (1.56, 1.57, 1.59), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 898), 'mean_seq_len': (3, 37)}, 'workloads': 64, 'speedup': (1.04, 1.38, 4.45), 'fallbacks': ()},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, 901), 'mean_seq_len': (26, 37)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (901, 1105), 'mean_seq_len': (26, 37)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2314, 3904), 'mean_seq_len': (26, 37)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (608, None), 'num_seqs': (3, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 1), 'total_seq_len': (304, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (43, 898), 'mean_seq_len': (None, 1), 'total_seq_len': (304, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 692), 'mean_seq_len': (37, 736), 'num_seqs': (None, 3), 'total_seq_len': (608, None)}, 'workloads': 1, 'speedup': (2.39, 2.39, 2.39), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (37, 53), 'num_seqs': (3, None), 'total_seq_len': (608, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (53, None), 'num_seqs': (3, None), 'total_seq_len': (608, None)}, 'workloads': 2, 'speedup': (1.04, 1.05, 1.05), 'fallbacks': (), 'hand_back': True},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (53, 291), 'num_seqs': (3, None), 'total_seq_len': (738, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (90, 333), 'mean_seq_len': (37, 53), 'num_seqs': (3, None), 'total_seq_len': (861, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, 333), 'mean_seq_len': (53, None), 'num_seqs': (3, None), 'total_seq_len': (861, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64')},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (692, None), 'mean_seq_len': (37, 736), 'num_seqs': (None, 3), 'total_seq_len': (1217, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (291, 608), 'num_seqs': (3, None), 'total_seq_len': (1722, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (736, 1491), 'num_seqs': (None, 3), 'total_seq_len': (1752, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (37, 53), 'num_seqs': (3, None), 'total_seq_len': (2047, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1491, None), 'num_seqs': (None, 3), 'total_seq_len': (2982, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1105, 2314), 'mean_seq_len': (None, 37), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 4), 'total_seq_len': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (3.07, 3.07, 3.07), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 41)}, 'workloads': 6, 'speedup': (4.17, 6.2, 12.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (None, 41)}, 'workloads': 2, 'speedup': (4.17, 6.39, 9.79), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, None), 'num_seqs': (5, None), 'total_seq_len': (None, 41)}, 'workloads': 3, 'speedup': (2.82, 3.15, 3.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 4), 'total_seq_len': (11, 41)}, 'workloads': 3, 'speedup': (3.19, 3.72, 4.12), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (22, 41)}, 'workloads': 1, 'speedup': (3.98, 3.98, 3.98), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (63, None), 'total_seq_len': (41, 106)}, 'workloads': 2, 'speedup': (7.77, 7.86, 7.94), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 2), 'total_seq_len': (41, 150)}, 'workloads': 2, 'speedup': (2.36, 2.59, 2.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 63), 'mean_seq_len': (None, 2), 'total_seq_len': (41, 150)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (2, None), 'total_seq_len': (41, 150)}, 'workloads': 11, 'speedup': (1.75, 3.27, 4.37), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (44, 63), 'mean_seq_len': (2, None), 'total_seq_len': (41, 150)}, 'workloads': 2, 'speedup': (3.68, 3.75, 3.82), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, None), 'total_seq_len': (106, 150)}, 'workloads': 6, 'speedup': (1.33, 2.55, 6.77), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (None, 2), 'total_seq_len': (150, 791)}, 'workloads': 2, 'speedup': (2.29, 2.38, 2.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 2), 'total_seq_len': (150, 791)}, 'workloads': 1, 'speedup': (2.07, 2.07, 2.07), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 15), 'mean_seq_len': (2, 5), 'total_seq_len': (150, 791)}, 'workloads': 4, 'speedup': (2.06, 2.29, 2.39), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (15, None), 'mean_seq_len': (2, 5), 'total_seq_len': (150, 791)}, 'workloads': 1, 'speedup': (2.64, 2.64, 2.64), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (5, None), 'total_seq_len': (150, 3821)}, 'workloads': 78, 'speedup': (1.18, 2.8, 9.08), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (791, 3821)}, 'workloads': 3, 'speedup': (1.66, 1.89, 2.12), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (3821, 7968)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ()},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (3821, 7968)}, 'workloads': 2, 'speedup': (1.84, 1.96, 2.09), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 725), 'total_seq_len': (7968, 17695)}, 'workloads': 6, 'speedup': (1.48, 1.73, 2.21), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (725, 5418), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 5), 'total_seq_len': (7968, None)}, 'workloads': 2, 'speedup': (1.56, 1.56, 1.57), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (5418, None), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 5), 'total_seq_len': (7968, None)}, 'workloads': 1, 'speedup': (1.89, 1.89, 1.89), 'fallbacks': ()},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (725, None), 'mean_seq_len': (5792, None), 'total_seq_len': (7968, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (725, 16380), 'mean_seq_len': (None, 5792), 'num_seqs': (5, None), 'total_seq_len': (7968, None)}, 'workloads': 11, 'speedup': (1.15, 1.35, 1.62), 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16380, None), 'mean_seq_len': (None, 5792), 'num_seqs': (5, None), 'total_seq_len': (7968, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 725), 'total_seq_len': (17695, None)}, 'workloads': 2, 'speedup': (1.12, 1.18, 1.24), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (None, 48)}, 'workloads': 10, 'speedup': (3.07, 5.51, 12.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 48)}, 'workloads': 2, 'speedup': (4.12, 4.15, 4.17), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (5, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 48)}, 'workloads': 1, 'speedup': (3.25, 3.25, 3.25), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, None), 'num_seqs': (5, None), 'total_seq_len': (None, 48)}, 'workloads': 1, 'speedup': (3.19, 3.19, 3.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (2, None), 'num_seqs': (5, None), 'total_seq_len': (None, 48)}, 'workloads': 2, 'speedup': (2.82, 3.1, 3.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (63, None), 'total_seq_len': (48, 89)}, 'workloads': 2, 'speedup': (7.77, 7.86, 7.94), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 2), 'total_seq_len': (48, 178)}, 'workloads': 2, 'speedup': (2.36, 2.59, 2.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 63), 'mean_seq_len': (None, 2), 'total_seq_len': (48, 178)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 42), 'mean_seq_len': (2, None), 'total_seq_len': (48, 178)}, 'workloads': 12, 'speedup': (1.75, 3.19, 4.37), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (42, 63), 'mean_seq_len': (2, None), 'total_seq_len': (48, 178)}, 'workloads': 2, 'speedup': (3.68, 3.75, 3.82), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, None), 'total_seq_len': (89, 178)}, 'workloads': 6, 'speedup': (1.33, 2.55, 6.77), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 58), 'mean_seq_len': (None, 3), 'total_seq_len': (178, 430)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (58, None), 'mean_seq_len': (None, 3), 'total_seq_len': (178, 430)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, None), 'total_seq_len': (178, 3821)}, 'workloads': 84, 'speedup': (1.18, 2.74, 9.08), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 3), 'total_seq_len': (430, 559)}, 'workloads': 2, 'speedup': (2.29, 2.38, 2.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (None, 3), 'total_seq_len': (430, 559)}, 'workloads': 1, 'speedup': (2.07, 2.07, 2.07), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 3), 'total_seq_len': (559, 3821)}, 'workloads': 1, 'speedup': (2.35, 2.35, 2.35), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (None, 3), 'total_seq_len': (559, 3821)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (3821, 7968)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ()},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (3821, 7968)}, 'workloads': 2, 'speedup': (1.84, 1.96, 2.09), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 810), 'total_seq_len': (7968, 17695)}, 'workloads': 6, 'speedup': (1.48, 1.73, 2.21), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (810, None), 'mean_seq_len': (None, 2435), 'total_seq_len': (7968, 18754)}, 'workloads': 13, 'speedup': (1.15, 1.4, 1.62), 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (810, None), 'mean_seq_len': (2435, 6888), 'total_seq_len': (7968, 18754)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (810, None), 'mean_seq_len': (6888, None), 'total_seq_len': (7968, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 810), 'mean_seq_len': (None, 107), 'total_seq_len': (17695, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 810), 'mean_seq_len': (107, None), 'total_seq_len': (17695, None)}, 'workloads': 2, 'speedup': (1.12, 1.18, 1.24), 'fallbacks': ()},
+    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (810, 11585), 'mean_seq_len': (None, 6888), 'total_seq_len': (18754, None)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11585, None), 'mean_seq_len': (None, 6888), 'total_seq_len': (18754, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -331,203 +337,203 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2 and num_seqs <= 1:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 1: 1 workloads, 7.70x (7.70x .. 7.70x) over vllm_flashinfer_prefill
+    if total_seq_len <= 304 and mean_seq_len <= 1 and max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 11 and 1 < num_seqs <= 3:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 3 workloads, 1.70x (1.61x .. 1.78x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 898:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 4 workloads, 1.48x (1.33x .. 1.56x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and num_seqs > 3 and 2 < mean_seq_len <= 6 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 3 workloads, 1.28x (1.27x .. 1.29x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and num_seqs > 3 and 2 < mean_seq_len <= 6 and 8 < max_seq_len <= 898:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and num_seqs > 3 and mean_seq_len > 6 and max_seq_len <= 13:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 2 workloads, 1.18x (1.17x .. 1.19x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and num_seqs > 3 and mean_seq_len > 6 and 13 < max_seq_len <= 898:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 2470 and 5 < num_seqs <= 11 and 898 < max_seq_len <= 1794:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 9: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 2470 and 5 < num_seqs <= 11 and max_seq_len > 1794:
-        return 'cuda_prefill_staged.r64s4'
-    # region 10: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2470 and 11 < num_seqs <= 45 and max_seq_len > 898:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 2 workloads, 1.26x (1.05x .. 1.52x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2470 and num_seqs > 45 and max_seq_len > 898:
-        return 'cuda_prefill_staged.r64s4'
-    # region 12: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and 3 < num_seqs <= 5 and max_seq_len > 1659:
-        return 'cuda_prefill_staged.r64s4'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if 3 < num_seqs <= 5 and 898 < max_seq_len <= 1659:
-        return 'flashinfer_direct'
-    # region 14: 2 workloads, 5.52x (4.82x .. 6.31x) over vllm_flashinfer_prefill
-    if 2 < total_seq_len <= 28 and num_seqs <= 1:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if 11 < total_seq_len <= 28 and 1 < num_seqs <= 3:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < total_seq_len <= 45 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < total_seq_len <= 45 and num_seqs > 3 and mean_seq_len <= 2 and 10 < max_seq_len <= 898:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 18: 2 workloads, 1.57x (1.42x .. 1.73x) over vllm_flashinfer_prefill
-    if 28 < total_seq_len <= 1752 and num_seqs <= 3 and mean_seq_len <= 1254 and max_seq_len > 1018:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 19: 3 workloads, 1.21x (1.11x .. 1.36x) over vllm_flashinfer_prefill
-    if 28 < total_seq_len <= 2834 and num_seqs <= 3 and mean_seq_len > 1254:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 20: 11 workloads, 2.86x (1.04x .. 4.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 28 and num_seqs <= 3 and mean_seq_len <= 1254 and max_seq_len <= 590:
+    if total_seq_len <= 304 and mean_seq_len <= 1 and 10 < max_seq_len <= 898:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 9 workloads, 2.82x (1.04x .. 3.84x) over vllm_flashinfer_prefill
+    if total_seq_len <= 608 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len <= 692:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 28 and num_seqs <= 3 and mean_seq_len <= 1254 and 590 < max_seq_len <= 864:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
-    # region 22: 2 workloads, 2.06x (2.02x .. 2.11x) over vllm_flashinfer_prefill
-    if total_seq_len > 28 and num_seqs <= 3 and mean_seq_len <= 1254 and 864 < max_seq_len <= 1018:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 2 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 1 workloads, 1.56x (1.56x .. 1.56x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 898:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 7 workloads, 1.25x (1.10x .. 1.42x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 91 and num_seqs > 3 and mean_seq_len > 2 and max_seq_len <= 898:
+    # region 4: 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
+    if total_seq_len <= 608 and num_seqs > 3 and mean_seq_len > 37 and max_seq_len <= 83:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 5: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 608 and num_seqs > 3 and mean_seq_len > 37 and 83 < max_seq_len <= 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 6: 3 workloads, 1.10x (1.08x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 738 and num_seqs > 3 and 53 < mean_seq_len <= 291 and max_seq_len > 333:
+        return 'cuda_prefill_staged.r32s4'
+    # region 7: 2 workloads, 1.09x (1.07x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 861 and num_seqs > 3 and 37 < mean_seq_len <= 107 and 90 < max_seq_len <= 333:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 8: 2 workloads, 1.05x (1.04x .. 1.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 861 and num_seqs > 3 and mean_seq_len > 107 and 90 < max_seq_len <= 333:
+        return 'flashinfer_direct'
+    # region 9: 2 workloads, 2.06x (2.02x .. 2.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1217 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len > 692:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 1722 and num_seqs > 3 and 291 < mean_seq_len <= 608 and max_seq_len > 333:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+    # region 11: 2 workloads, 1.57x (1.42x .. 1.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1752 and num_seqs <= 3 and 736 < mean_seq_len <= 1491:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 2047 and num_seqs > 3 and 37 < mean_seq_len <= 53 and max_seq_len > 333:
+        return 'cuda_prefill_staged.r64s4'
+    # region 13: 3 workloads, 1.21x (1.11x .. 1.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2982 and num_seqs <= 3 and mean_seq_len > 1491:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 14: 2 workloads, 1.26x (1.05x .. 1.52x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and mean_seq_len <= 37 and 1105 < max_seq_len <= 2314:
+        return 'cuda_prefill_staged.r64s4'
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if mean_seq_len <= 26 and 898 < max_seq_len <= 1105:
+        return 'cuda_prefill_staged.r64s4'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if mean_seq_len <= 26 and 2314 < max_seq_len <= 3904:
+        return 'cuda_prefill_staged.r64s4'
+    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if mean_seq_len <= 37 and max_seq_len > 3904:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 8 workloads, 1.62x (1.50x .. 1.78x) over vllm_flashinfer_prefill
+    if 1 < mean_seq_len <= 3 and max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 19: 2 workloads, 1.57x (1.56x .. 1.59x) over vllm_flashinfer_prefill
+    if 1 < mean_seq_len <= 3 and 10 < max_seq_len <= 898:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 45 workloads, 1.34x (1.04x .. 1.56x) over vllm_flashinfer_prefill
-    if total_seq_len > 91 and num_seqs > 3 and 2 < mean_seq_len <= 45 and max_seq_len <= 898:
+    # region 20: 64 workloads, 1.38x (1.04x .. 4.45x) over vllm_flashinfer_prefill
+    if 3 < mean_seq_len <= 37 and max_seq_len <= 898:
         return 'cuda_prefill_staged.r64s4'
-    # region 27: 35 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 91 and num_seqs > 3 and mean_seq_len > 45 and max_seq_len <= 898:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 2 workloads, 1.57x (1.54x .. 1.61x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and 21 < max_seq_len <= 898:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1752 and num_seqs <= 3 and mean_seq_len <= 1254 and max_seq_len > 1018:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2470 and num_seqs > 5 and mean_seq_len <= 45 and 898 < max_seq_len <= 1205:
+    # region 21: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 26 < mean_seq_len <= 37 and 898 < max_seq_len <= 901:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if 26 < mean_seq_len <= 37 and 901 < max_seq_len <= 1105:
         return 'cuda_prefill_staged.r64s4'
-    # region 32: 9 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2470 and num_seqs > 5 and max_seq_len > 1205:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2470 and num_seqs > 5 and mean_seq_len > 45 and 898 < max_seq_len <= 1205:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2834 and num_seqs <= 3 and mean_seq_len > 1254:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 3 < num_seqs <= 5 and max_seq_len > 1659:
+    # region 24: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 3 and mean_seq_len > 608 and max_seq_len > 333:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 304 and mean_seq_len <= 1 and max_seq_len <= 43:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 304 and mean_seq_len <= 1 and 43 < max_seq_len <= 898:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 27: 1 workloads, 2.39x (2.39x .. 2.39x) over vllm_flashinfer_prefill
+    if total_seq_len > 608 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len <= 692:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 608 and num_seqs > 3 and 37 < mean_seq_len <= 53 and max_seq_len <= 90:
+        return 'cuda_prefill_staged.r64s4'
+    # region 29: 2 workloads, 1.05x (1.04x .. 1.05x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 608 and num_seqs > 3 and mean_seq_len > 53 and max_seq_len <= 90:
+        return 'cuda_prefill_staged.r64s4'
+    # region 30: 18 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 738 and num_seqs > 3 and 53 < mean_seq_len <= 291 and max_seq_len > 333:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 861 and num_seqs > 3 and 37 < mean_seq_len <= 53 and 90 < max_seq_len <= 333:
+        return 'cuda_prefill_staged.r64s4'
+    # region 32: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 861 and num_seqs > 3 and mean_seq_len > 53 and 90 < max_seq_len <= 333:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1217 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len > 692:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
+    # region 34: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1722 and num_seqs > 3 and 291 < mean_seq_len <= 608 and max_seq_len > 333:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1752 and num_seqs <= 3 and 736 < mean_seq_len <= 1491:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 37: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2982 and num_seqs <= 3 and mean_seq_len > 1491:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 11 and 2 < max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 1 workloads, 3.07x (3.07x .. 3.07x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and 4 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 6 workloads, 6.20x (4.17x .. 12.47x) over vllm_flashinfer_prefill
-    if total_seq_len <= 41 and num_seqs <= 5 and max_seq_len > 8:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 2 workloads, 6.39x (4.17x .. 9.79x) over vllm_flashinfer_prefill
-    if total_seq_len <= 41 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 3 workloads, 3.15x (2.82x .. 3.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 41 and num_seqs > 5 and max_seq_len > 8:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 3 workloads, 3.72x (3.19x .. 4.12x) over vllm_flashinfer_prefill
-    if 11 < total_seq_len <= 41 and 2 < max_seq_len <= 4:
+    # region 1: 10 workloads, 5.51x (3.07x .. 12.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 48 and num_seqs <= 5:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 2 workloads, 4.15x (4.12x .. 4.17x) over vllm_flashinfer_prefill
+    if total_seq_len <= 48 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 5:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 1 workloads, 3.98x (3.98x .. 3.98x) over vllm_flashinfer_prefill
-    if 22 < total_seq_len <= 41 and 4 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 2 workloads, 7.86x (7.77x .. 7.94x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 106 and max_seq_len > 63:
+    # region 3: 1 workloads, 3.25x (3.25x .. 3.25x) over vllm_flashinfer_prefill
+    if total_seq_len <= 48 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 5:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 1 workloads, 3.19x (3.19x .. 3.19x) over vllm_flashinfer_prefill
+    if total_seq_len <= 48 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 2 workloads, 3.10x (2.82x .. 3.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 48 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len > 11:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 2 workloads, 7.86x (7.77x .. 7.94x) over vllm_flashinfer_prefill
+    if 48 < total_seq_len <= 89 and max_seq_len > 63:
         return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 2 workloads, 2.59x (2.36x .. 2.83x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if 41 < total_seq_len <= 150 and mean_seq_len <= 2 and 12 < max_seq_len <= 63:
+    # region 7: 2 workloads, 2.59x (2.36x .. 2.83x) over vllm_flashinfer_prefill
+    if 48 < total_seq_len <= 178 and mean_seq_len <= 2 and max_seq_len <= 12:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if 48 < total_seq_len <= 178 and mean_seq_len <= 2 and 12 < max_seq_len <= 63:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 11 workloads, 3.27x (1.75x .. 4.37x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 150 and mean_seq_len > 2 and max_seq_len <= 44:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 2 workloads, 3.75x (3.68x .. 3.82x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 150 and mean_seq_len > 2 and 44 < max_seq_len <= 63:
+    # region 9: 12 workloads, 3.19x (1.75x .. 4.37x) over vllm_flashinfer_prefill
+    if 48 < total_seq_len <= 178 and mean_seq_len > 2 and max_seq_len <= 42:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 2 workloads, 3.75x (3.68x .. 3.82x) over vllm_flashinfer_prefill
+    if 48 < total_seq_len <= 178 and mean_seq_len > 2 and 42 < max_seq_len <= 63:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 6 workloads, 2.55x (1.33x .. 6.77x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 150 and max_seq_len > 63:
+    # region 11: 6 workloads, 2.55x (1.33x .. 6.77x) over vllm_flashinfer_prefill
+    if 89 < total_seq_len <= 178 and max_seq_len > 63:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 2 workloads, 2.38x (2.29x .. 2.48x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 791 and mean_seq_len <= 2 and max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 1 workloads, 2.07x (2.07x .. 2.07x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 791 and mean_seq_len <= 2 and max_seq_len > 45:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 4 workloads, 2.29x (2.06x .. 2.39x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 791 and 2 < mean_seq_len <= 5 and max_seq_len <= 15:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 1 workloads, 2.64x (2.64x .. 2.64x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 791 and 2 < mean_seq_len <= 5 and max_seq_len > 15:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 78 workloads, 2.80x (1.18x .. 9.08x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 3821 and mean_seq_len > 5:
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if 178 < total_seq_len <= 430 and mean_seq_len <= 3 and max_seq_len <= 58:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if 178 < total_seq_len <= 430 and mean_seq_len <= 3 and max_seq_len > 58:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 14: 84 workloads, 2.74x (1.18x .. 9.08x) over vllm_flashinfer_prefill
+    if 178 < total_seq_len <= 3821 and mean_seq_len > 3:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 3 workloads, 1.89x (1.66x .. 2.12x) over vllm_flashinfer_prefill
-    if 791 < total_seq_len <= 3821 and mean_seq_len <= 5:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill
+    # region 15: 2 workloads, 2.38x (2.29x .. 2.48x) over vllm_flashinfer_prefill
+    if 430 < total_seq_len <= 559 and mean_seq_len <= 3 and max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 1 workloads, 2.07x (2.07x .. 2.07x) over vllm_flashinfer_prefill
+    if 430 < total_seq_len <= 559 and mean_seq_len <= 3 and max_seq_len > 22:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 1 workloads, 2.35x (2.35x .. 2.35x) over vllm_flashinfer_prefill
+    if 559 < total_seq_len <= 3821 and mean_seq_len <= 3 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if 559 < total_seq_len <= 3821 and mean_seq_len <= 3 and max_seq_len > 11:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill
     if 3821 < total_seq_len <= 7968 and num_seqs <= 1:
         return 'cuda_prefill_staged.r32s4'
-    # region 21: 2 workloads, 1.96x (1.84x .. 2.09x) over vllm_flashinfer_prefill
+    # region 20: 2 workloads, 1.96x (1.84x .. 2.09x) over vllm_flashinfer_prefill
     if 3821 < total_seq_len <= 7968 and num_seqs > 1:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 6 workloads, 1.73x (1.48x .. 2.21x) over vllm_flashinfer_prefill
-    if 7968 < total_seq_len <= 17695 and max_seq_len <= 725:
+    # region 21: 6 workloads, 1.73x (1.48x .. 2.21x) over vllm_flashinfer_prefill
+    if 7968 < total_seq_len <= 17695 and max_seq_len <= 810:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 2 workloads, 1.56x (1.56x .. 1.57x) over vllm_flashinfer_prefill
-    if total_seq_len > 7968 and num_seqs <= 5 and mean_seq_len <= 5792 and 725 < max_seq_len <= 5418:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 24: 1 workloads, 1.89x (1.89x .. 1.89x) over vllm_flashinfer_prefill
-    if total_seq_len > 7968 and num_seqs <= 5 and mean_seq_len <= 5792 and max_seq_len > 5418:
-        return 'cuda_prefill_staged.r64s4'
-    # region 25: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7968 and mean_seq_len > 5792 and max_seq_len > 725:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 11 workloads, 1.35x (1.15x .. 1.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 7968 and num_seqs > 5 and mean_seq_len <= 5792 and 725 < max_seq_len <= 16380:
+    # region 22: 13 workloads, 1.40x (1.15x .. 1.62x) over vllm_flashinfer_prefill
+    if 7968 < total_seq_len <= 18754 and mean_seq_len <= 2435 and max_seq_len > 810:
         return 'flashinfer_direct'
-    # region 28: 2 workloads, 1.18x (1.12x .. 1.24x) over vllm_flashinfer_prefill
-    if total_seq_len > 17695 and max_seq_len <= 725:
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if 7968 < total_seq_len <= 18754 and 2435 < mean_seq_len <= 6888 and max_seq_len > 810:
+        return 'cuda_prefill_staged.r64s4'
+    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7968 and mean_seq_len > 6888 and max_seq_len > 810:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 17695 and mean_seq_len <= 107 and max_seq_len <= 810:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 2 workloads, 1.18x (1.12x .. 1.24x) over vllm_flashinfer_prefill
+    if total_seq_len > 17695 and mean_seq_len > 107 and max_seq_len <= 810:
+        return 'flashinfer_direct'
+    # region 27: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
+    if total_seq_len > 18754 and mean_seq_len <= 6888 and 810 < max_seq_len <= 11585:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 2470 and 5 < num_seqs <= 11 and max_seq_len > 1794:  # region 9
+    if total_seq_len > 608 and num_seqs > 3 and mean_seq_len > 53 and max_seq_len <= 90:  # region 29
         return True
     return False

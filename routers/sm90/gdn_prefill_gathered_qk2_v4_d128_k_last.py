@@ -203,169 +203,147 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2865 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 5720 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.99% mean, 50.65% max;
-#             1.876x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.89% mean, 112.48% max;
-#             4.529x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.93% mean, 47.35% max;
+#             1.880x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.14% mean, 112.48% max;
+#             4.508x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 24 and num_seqs <= 31 and 4 < max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.00x (7.49x .. 8.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   2. total_seq_len <= 181 and 31 < num_seqs <= 79 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.74x (1.69x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 181 and 31 < num_seqs <= 79 and 8 < max_seq_len <= 30: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   4. total_seq_len <= 1448 and num_seqs > 181 and 273 < max_seq_len <= 962: cuda_prefill_staged.r32s4, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   5. total_seq_len <= 2896 and 79 < num_seqs <= 181 and 273 < max_seq_len <= 711: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4
-#   6. total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len <= 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.59x (1.54x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4
-#   7. total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len <= 2 and 8 < max_seq_len <= 273: cuda_prefill_staged.r64s4, 2 workloads, 1.47x (1.44x .. 1.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   8. total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len > 2 and max_seq_len <= 273: cuda_prefill_staged.r64s4, 4 workloads, 1.44x (1.41x .. 1.48x) over vllm_flashinfer_prefill
-#   9. total_seq_len <= 5792 and num_seqs <= 22 and 636 < max_seq_len <= 1091: cuda_prefill_cp.p8, 6 workloads, 1.64x (1.48x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4
-#   10. total_seq_len <= 5792 and 22 < num_seqs <= 79 and mean_seq_len <= 22 and 636 < max_seq_len <= 898: cuda_prefill_staged.r32s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len <= 5792 and 22 < num_seqs <= 79 and max_seq_len > 898: cuda_prefill_cp.p16, 3 workloads, 1.37x (1.13x .. 1.63x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   12. total_seq_len <= 5792 and 22 < num_seqs <= 79 and mean_seq_len > 22 and 636 < max_seq_len <= 898: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len <= 5792 and 79 < num_seqs <= 181 and 711 < max_seq_len <= 1336: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it)
-#   14. total_seq_len <= 11585 and num_seqs <= 11 and max_seq_len > 6968: cuda_prefill_cp.p8, 3 workloads, 1.18x (1.06x .. 1.34x) over vllm_flashinfer_prefill
-#   15. total_seq_len <= 11585 and 11 < num_seqs <= 22 and max_seq_len > 6968: cuda_prefill_cp.p16, 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   16. total_seq_len <= 11585 and num_seqs > 181 and 962 < max_seq_len <= 1336: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it)
-#   17. total_seq_len <= 23170 and num_seqs <= 22 and 1091 < max_seq_len <= 6968: cuda_prefill_cp.p8, 14 workloads, 1.43x (1.11x .. 1.84x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16
-#   18. num_seqs <= 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.66x (8.27x .. 8.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   19. num_seqs <= 31 and mean_seq_len <= 2 and 7 < max_seq_len <= 22: cuda_prefill_pool_rows.k16c8, 1 workloads, 6.80x (6.80x .. 6.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   20. num_seqs <= 31 and 22 < max_seq_len <= 636: cuda_prefill_staged.r32s4, 57 workloads, 3.33x (1.18x .. 5.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. num_seqs <= 31 and mean_seq_len > 2 and 7 < max_seq_len <= 22: triton_prefill_fused.c16v32, 11 workloads, 6.74x (5.97x .. 7.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   22. 5 < num_seqs <= 31 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 4 workloads, 5.96x (1.66x .. 9.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. 31 < num_seqs <= 79 and mean_seq_len <= 22 and 30 < max_seq_len <= 126: cuda_prefill_staged.r32s4, 4 workloads, 1.27x (1.15x .. 1.42x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   24. 31 < num_seqs <= 79 and mean_seq_len <= 45 and 126 < max_seq_len <= 636: cuda_prefill_staged.r32s4, 3 workloads, 1.20x (1.11x .. 1.31x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   25. 31 < num_seqs <= 79 and mean_seq_len > 22 and 30 < max_seq_len <= 126: flashinfer_direct, 5 workloads, 1.10x (1.09x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   26. 31 < num_seqs <= 79 and mean_seq_len > 45 and 126 < max_seq_len <= 636: flashinfer_direct, 4 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
-#   27. num_seqs > 79 and max_seq_len > 1336: cuda_prefill_cp.p16, 3 workloads, 2.09x (1.17x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   28. total_seq_len > 24 and num_seqs <= 31 and 4 < max_seq_len <= 7: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   29. total_seq_len > 181 and 31 < num_seqs <= 79 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.56x (1.56x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8
-#   30. total_seq_len > 181 and 31 < num_seqs <= 79 and 7 < max_seq_len <= 30: cuda_prefill_staged.r64s4, 5 workloads, 1.22x (1.10x .. 1.27x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
-#   31. total_seq_len > 1448 and num_seqs > 181 and 273 < max_seq_len <= 962: vllm_flashinfer_prefill (baseline), 0 workloads
-#   32. 2896 < total_seq_len <= 5947 and num_seqs > 79 and mean_seq_len > 21 and 126 < max_seq_len <= 273: cuda_prefill_staged.r64s4, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
-#   33. total_seq_len > 2896 and 79 < num_seqs <= 181 and 273 < max_seq_len <= 711: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   34. total_seq_len > 2896 and 79 < num_seqs <= 181 and mean_seq_len > 21 and max_seq_len <= 126: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   35. total_seq_len > 2896 and num_seqs > 79 and mean_seq_len <= 21 and max_seq_len <= 140: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   36. total_seq_len > 2896 and num_seqs > 79 and mean_seq_len <= 21 and 140 < max_seq_len <= 273: vllm_flashinfer_prefill (baseline), 0 workloads
-#   37. total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 21 and max_seq_len <= 126: cuda_prefill_staged.r64s4, 1 workloads, 1.19x (1.19x .. 1.19x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
-#   38. 5792 < total_seq_len <= 11585 and 22 < num_seqs <= 79 and 636 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   39. 5792 < total_seq_len <= 11585 and 22 < num_seqs <= 79 and max_seq_len > 762: cuda_prefill_cp.p16, 2 workloads, 3.00x (2.89x .. 3.10x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   40. total_seq_len > 5792 and num_seqs <= 22 and 636 < max_seq_len <= 1091: flashinfer_direct, 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4
-#   41. total_seq_len > 5792 and 79 < num_seqs <= 181 and 711 < max_seq_len <= 1336: vllm_flashinfer_prefill (baseline), 0 workloads
-#   42. total_seq_len > 5947 and num_seqs > 79 and mean_seq_len > 21 and 126 < max_seq_len <= 273: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
-#   43. total_seq_len > 11585 and num_seqs <= 22 and mean_seq_len <= 5792 and max_seq_len > 6968: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it)
-#   44. total_seq_len > 11585 and num_seqs <= 22 and mean_seq_len > 5792 and max_seq_len > 6968: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   45. total_seq_len > 11585 and 22 < num_seqs <= 79 and 636 < max_seq_len <= 1812: vllm_flashinfer_prefill (baseline), 0 workloads
-#   46. total_seq_len > 11585 and 22 < num_seqs <= 79 and max_seq_len > 1812: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it)
-#   47. total_seq_len > 11585 and num_seqs > 181 and 962 < max_seq_len <= 1336: vllm_flashinfer_prefill (baseline), 0 workloads
-#   48. total_seq_len > 23170 and num_seqs <= 22 and 1091 < max_seq_len <= 6968: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 215 and num_seqs > 45 and 7 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   2. total_seq_len <= 861 and num_seqs <= 11 and max_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 9 workloads, 8.28x (7.10x .. 9.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   3. total_seq_len <= 861 and num_seqs <= 22 and 8 < max_seq_len <= 23: triton_prefill_fused.c16v32, 10 workloads, 6.76x (5.97x .. 7.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   4. total_seq_len <= 861 and 23 < max_seq_len <= 1177: cuda_prefill_staged.r32s4, 49 workloads, 2.91x (1.11x .. 5.63x) over vllm_flashinfer_prefill
+#   5. total_seq_len <= 861 and 11 < num_seqs <= 45 and max_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 3 workloads, 4.76x (1.66x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 861 and num_seqs > 22 and 8 < max_seq_len <= 23: cuda_prefill_staged.r64s4, 3 workloads, 1.27x (1.10x .. 1.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   7. total_seq_len <= 861 and num_seqs > 45 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.63x (1.54x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   8. total_seq_len <= 9741 and num_seqs <= 5 and mean_seq_len > 4870 and max_seq_len > 8191: cuda_prefill_cp.p8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill
+#   9. total_seq_len <= 19483 and num_seqs <= 5 and 2432 < max_seq_len <= 8191: cuda_prefill_cp.p8, 5 workloads, 1.23x (1.06x .. 1.36x) over vllm_flashinfer_prefill
+#   10. total_seq_len <= 27554 and 1177 < max_seq_len <= 2432: cuda_prefill_cp.p16, 12 workloads, 1.47x (1.17x .. 1.84x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   11. num_seqs <= 5 and mean_seq_len <= 4870 and max_seq_len > 8191: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8
+#   12. num_seqs > 5 and mean_seq_len <= 3444 and max_seq_len > 2432: cuda_prefill_cp.p16, 6 workloads, 2.22x (1.20x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   13. num_seqs > 5 and mean_seq_len > 3444 and 2432 < max_seq_len <= 7170: vllm_flashinfer_prefill (baseline), 0 workloads
+#   14. num_seqs > 5 and mean_seq_len > 3444 and max_seq_len > 7170: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it)
+#   15. 215 < total_seq_len <= 861 and num_seqs > 45 and 7 < max_seq_len <= 8: cuda_prefill_staged.r64s4, 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4
+#   16. 861 < total_seq_len <= 1722 and mean_seq_len <= 18 and 636 < max_seq_len <= 1177: cuda_prefill_staged.r32s4, 2 workloads, 1.18x (1.13x .. 1.24x) over vllm_flashinfer_prefill
+#   17. 861 < total_seq_len <= 1722 and mean_seq_len > 18 and 636 < max_seq_len <= 1177: cuda_prefill_cp.p8, 6 workloads, 1.52x (1.13x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
+#   18. 861 < total_seq_len <= 1722 and num_seqs > 90 and 140 < max_seq_len <= 636: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it)
+#   19. 861 < total_seq_len <= 1874 and num_seqs <= 90 and 126 < max_seq_len <= 636: cuda_prefill_staged.r32s4, 9 workloads, 2.69x (1.56x .. 4.17x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. 861 < total_seq_len <= 4871 and num_seqs > 90 and max_seq_len <= 140: cuda_prefill_staged.r64s4, 4 workloads, 1.44x (1.41x .. 1.48x) over vllm_flashinfer_prefill
+#   21. total_seq_len > 861 and num_seqs <= 45 and max_seq_len <= 126: flashinfer_direct, 4 workloads, 1.67x (1.09x .. 5.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   22. total_seq_len > 861 and 45 < num_seqs <= 90 and max_seq_len <= 126: cuda_prefill_staged.r64s4, 4 workloads, 1.21x (1.13x .. 1.28x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   23. 1722 < total_seq_len <= 6888 and num_seqs <= 90 and 636 < max_seq_len <= 1177: cuda_prefill_cp.p16, 2 workloads, 1.68x (1.56x .. 1.82x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   24. 1722 < total_seq_len <= 6888 and num_seqs > 90 and 636 < max_seq_len <= 1177: vllm_flashinfer_prefill (baseline), 0 workloads
+#   25. total_seq_len > 1722 and num_seqs > 90 and 140 < max_seq_len <= 636: cuda_prefill_staged.r64s4, 2 workloads, 1.17x (1.16x .. 1.19x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
+#   26. total_seq_len > 1874 and num_seqs <= 90 and 126 < max_seq_len <= 636: flashinfer_direct, 10 workloads, 2.12x (1.03x .. 5.19x) over vllm_flashinfer_prefill
+#   27. total_seq_len > 4871 and num_seqs > 90 and max_seq_len <= 140: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
+#   28. total_seq_len > 6888 and num_seqs <= 45 and 762 < max_seq_len <= 1177: flashinfer_direct, 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   29. total_seq_len > 6888 and mean_seq_len <= 304 and 636 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   30. total_seq_len > 6888 and mean_seq_len > 304 and 636 < max_seq_len <= 762: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   31. total_seq_len > 6888 and num_seqs > 45 and 762 < max_seq_len <= 1177: vllm_flashinfer_prefill (baseline), 0 workloads
+#   32. total_seq_len > 9741 and num_seqs <= 5 and mean_seq_len > 4870 and max_seq_len > 8191: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   33. total_seq_len > 19483 and num_seqs <= 5 and 2432 < max_seq_len <= 8191: vllm_flashinfer_prefill (baseline), 0 workloads
+#   34. total_seq_len > 27554 and num_seqs <= 45 and 1177 < max_seq_len <= 2432: vllm_flashinfer_prefill (baseline), 0 workloads
+#   35. total_seq_len > 27554 and num_seqs > 45 and 1177 < max_seq_len <= 2432: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it)
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 45 and num_seqs <= 21 and 18 < max_seq_len <= 41: cuda_prefill_staged.r64s4, 3 workloads, 9.11x (8.84x .. 9.57x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 362 and num_seqs > 21 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.52x (2.37x .. 6.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 362 and num_seqs > 21 and 5 < max_seq_len <= 9: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.75x (2.75x .. 2.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 362 and num_seqs > 21 and 9 < max_seq_len <= 30: cuda_prefill_pool_rows.k8c8, 1 workloads, 3.36x (3.36x .. 3.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 1299 and num_seqs <= 21 and mean_seq_len > 176 and 41 < max_seq_len <= 283: cuda_prefill_staged.r32s4, 3 workloads, 6.25x (5.72x .. 6.79x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 2896 and num_seqs <= 11 and 1023 < max_seq_len <= 2024: cuda_prefill_staged.r32s4, 5 workloads, 5.21x (3.13x .. 6.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 2896 and num_seqs <= 21 and mean_seq_len > 176 and 283 < max_seq_len <= 1023: cuda_prefill_staged.r32s4, 10 workloads, 6.60x (5.11x .. 9.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 2896 and 22 < num_seqs <= 90 and 1023 < max_seq_len <= 2024: cuda_prefill_staged.r32s4, 2 workloads, 2.08x (1.83x .. 2.36x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32
-#   9. total_seq_len <= 11585 and num_seqs > 90 and 1023 < max_seq_len <= 2024: cuda_prefill_staged.r64s4, 1 workloads, 2.87x (2.87x .. 2.87x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   10. num_seqs <= 21 and mean_seq_len <= 2 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 3 workloads, 11.81x (9.42x .. 15.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. num_seqs <= 21 and mean_seq_len <= 2 and 4 < max_seq_len <= 18: cuda_prefill_pool_rows.k8c8, 2 workloads, 9.01x (8.88x .. 9.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   12. num_seqs <= 21 and mean_seq_len <= 176 and 41 < max_seq_len <= 357: cuda_prefill_staged.r64s4, 30 workloads, 6.42x (2.40x .. 10.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   13. num_seqs <= 21 and mean_seq_len <= 176 and 357 < max_seq_len <= 1023: cuda_prefill_staged.r32s4, 7 workloads, 6.42x (4.53x .. 8.67x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   14. num_seqs <= 21 and mean_seq_len > 2 and max_seq_len <= 18: cuda_prefill_pool_rows.k8c8, 15 workloads, 9.09x (5.40x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. mean_seq_len <= 23170 and max_seq_len > 2024: cuda_prefill_cp.p16, 17 workloads, 3.06x (1.46x .. 5.30x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   16. mean_seq_len > 23170 and max_seq_len > 2024: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
-#   17. 11 < num_seqs <= 22 and 1023 < max_seq_len <= 2024: cuda_prefill_staged.r32s4, 3 workloads, 3.23x (2.82x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   18. num_seqs > 21 and 30 < max_seq_len <= 1023: cuda_prefill_staged.r64s4, 29 workloads, 2.85x (1.64x .. 5.11x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   19. total_seq_len > 45 and num_seqs <= 21 and 18 < max_seq_len <= 41: cuda_prefill_pool_rows.k8c8, 6 workloads, 8.57x (5.39x .. 12.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. total_seq_len > 362 and num_seqs > 21 and mean_seq_len <= 11 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.95x (2.20x .. 4.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   21. total_seq_len > 362 and num_seqs > 21 and mean_seq_len > 11 and max_seq_len <= 30: cuda_prefill_staged.r64s4, 2 workloads, 3.83x (3.30x .. 4.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   22. total_seq_len > 1299 and num_seqs <= 21 and mean_seq_len > 176 and 41 < max_seq_len <= 283: cuda_prefill_staged.r64s4, 2 workloads, 6.88x (5.77x .. 8.19x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. total_seq_len > 2896 and num_seqs <= 11 and 1023 < max_seq_len <= 2024: cuda_prefill_cp.p8, 1 workloads, 2.65x (2.65x .. 2.65x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   24. total_seq_len > 2896 and num_seqs <= 21 and mean_seq_len > 176 and 283 < max_seq_len <= 1023: cuda_prefill_staged.r64s4, 1 workloads, 8.13x (8.13x .. 8.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   25. total_seq_len > 2896 and 22 < num_seqs <= 90 and 1023 < max_seq_len <= 2024: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   26. total_seq_len > 11585 and num_seqs > 90 and 1023 < max_seq_len <= 2024: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 53 and num_seqs <= 21 and 18 < max_seq_len <= 41: cuda_prefill_staged.r64s4, 3 workloads, 9.11x (8.84x .. 9.57x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 215 and num_seqs > 21 and max_seq_len <= 30: cuda_prefill_pool_rows.k4c8, 3 workloads, 3.42x (2.41x .. 6.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 1217 and num_seqs > 21 and 30 < max_seq_len <= 724: cuda_prefill_staged.r64s4, 11 workloads, 2.87x (1.64x .. 4.12x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   4. total_seq_len <= 2109 and mean_seq_len > 709 and 1442 < max_seq_len <= 2024: cuda_prefill_staged.r32s4, 1 workloads, 5.67x (5.67x .. 5.67x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 2435 and num_seqs <= 11 and 1023 < max_seq_len <= 1442: cuda_prefill_staged.r32s4, 2 workloads, 6.31x (6.23x .. 6.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 3444 and num_seqs <= 21 and mean_seq_len > 169 and 362 < max_seq_len <= 724: cuda_prefill_staged.r32s4, 5 workloads, 6.60x (5.11x .. 9.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 6888 and num_seqs > 11 and mean_seq_len <= 152 and 724 < max_seq_len <= 1442: cuda_prefill_staged.r32s4, 4 workloads, 3.72x (2.99x .. 6.46x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   8. num_seqs <= 11 and 724 < max_seq_len <= 1023: cuda_prefill_staged.r32s4, 4 workloads, 6.09x (5.11x .. 6.83x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   9. num_seqs <= 21 and mean_seq_len <= 2 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 3 workloads, 11.81x (9.42x .. 15.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. num_seqs <= 21 and mean_seq_len <= 2 and 4 < max_seq_len <= 18: cuda_prefill_pool_rows.k8c8, 2 workloads, 9.01x (8.88x .. 9.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   11. num_seqs <= 21 and mean_seq_len <= 169 and 41 < max_seq_len <= 724: cuda_prefill_staged.r64s4, 35 workloads, 6.40x (2.40x .. 10.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   12. num_seqs <= 21 and mean_seq_len > 2 and max_seq_len <= 18: cuda_prefill_pool_rows.k8c8, 15 workloads, 9.09x (5.40x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. num_seqs <= 21 and mean_seq_len > 169 and 41 < max_seq_len <= 362: cuda_prefill_staged.r32s4, 7 workloads, 6.75x (5.62x .. 8.23x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   14. mean_seq_len <= 709 and 1442 < max_seq_len <= 1794: cuda_prefill_cp.p16, 3 workloads, 3.32x (2.61x .. 4.05x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   15. mean_seq_len <= 709 and 1794 < max_seq_len <= 2024: cuda_prefill_staged.r32s4, 5 workloads, 2.96x (1.83x .. 5.46x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32
+#   16. mean_seq_len <= 27554 and max_seq_len > 23169: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8
+#   17. 2024 < max_seq_len <= 23169: cuda_prefill_cp.p16, 17 workloads, 3.06x (1.46x .. 5.30x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   18. mean_seq_len > 27554 and max_seq_len > 23169: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   19. 11 < num_seqs <= 22 and mean_seq_len > 152 and 724 < max_seq_len <= 1442: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   20. num_seqs > 22 and mean_seq_len > 152 and 724 < max_seq_len <= 1442: cuda_prefill_staged.r64s4, 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   21. total_seq_len > 53 and num_seqs <= 21 and 18 < max_seq_len <= 41: cuda_prefill_pool_rows.k8c8, 6 workloads, 8.57x (5.39x .. 12.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   22. 215 < total_seq_len <= 1217 and num_seqs > 21 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 11 workloads, 3.31x (2.20x .. 6.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
+#   23. total_seq_len > 1217 and num_seqs > 21 and max_seq_len <= 724: cuda_prefill_staged.r64s4, 15 workloads, 2.81x (1.69x .. 5.11x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   24. total_seq_len > 2109 and mean_seq_len > 709 and 1442 < max_seq_len <= 2024: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 2435 and num_seqs <= 11 and 1023 < max_seq_len <= 1442: cuda_prefill_cp.p16, 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len > 3444 and num_seqs <= 21 and mean_seq_len > 169 and 362 < max_seq_len <= 724: cuda_prefill_staged.r64s4, 1 workloads, 8.13x (8.13x .. 8.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 6888 and 11 < num_seqs <= 181 and mean_seq_len <= 152 and 724 < max_seq_len <= 1442: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 6888 and num_seqs > 181 and mean_seq_len <= 152 and 724 < max_seq_len <= 1442: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 7), 'num_seqs': (None, 31), 'total_seq_len': (None, 24)}, 'workloads': 3, 'speedup': (7.49, 8.0, 8.85), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (31, 79), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.69, 1.74, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (8, 30), 'num_seqs': (31, 79), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (273, 962), 'num_seqs': (181, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (273, 711), 'num_seqs': (79, 181), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 2), 'num_seqs': (79, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.54, 1.59, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 273), 'mean_seq_len': (None, 2), 'num_seqs': (79, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.44, 1.47, 1.5), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 273), 'mean_seq_len': (2, None), 'num_seqs': (79, None), 'total_seq_len': (None, 2896)}, 'workloads': 4, 'speedup': (1.41, 1.44, 1.48), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (636, 1091), 'num_seqs': (None, 22), 'total_seq_len': (None, 5792)}, 'workloads': 6, 'speedup': (1.48, 1.64, 1.96), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (636, 898), 'mean_seq_len': (None, 22), 'num_seqs': (22, 79), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (22, 79), 'total_seq_len': (None, 5792)}, 'workloads': 3, 'speedup': (1.13, 1.37, 1.63), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 12, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (636, 898), 'mean_seq_len': (22, None), 'num_seqs': (22, 79), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (711, 1336), 'num_seqs': (79, 181), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 14, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (6968, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 11585)}, 'workloads': 3, 'speedup': (1.06, 1.18, 1.34), 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (6968, None), 'num_seqs': (11, 22), 'total_seq_len': (None, 11585)}, 'workloads': 1, 'speedup': (1.41, 1.41, 1.41), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 16, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (962, 1336), 'num_seqs': (181, None), 'total_seq_len': (None, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 17, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1091, 6968), 'num_seqs': (None, 22), 'total_seq_len': (None, 23170)}, 'workloads': 14, 'speedup': (1.11, 1.43, 1.84), 'fallbacks': ('cuda_prefill_cp.p16',)},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 5)}, 'workloads': 3, 'speedup': (8.27, 8.66, 8.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 22), 'mean_seq_len': (None, 2), 'num_seqs': (None, 31)}, 'workloads': 1, 'speedup': (6.8, 6.8, 6.8), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (22, 636), 'num_seqs': (None, 31)}, 'workloads': 57, 'speedup': (1.18, 3.33, 5.63), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 22), 'mean_seq_len': (2, None), 'num_seqs': (None, 31)}, 'workloads': 11, 'speedup': (5.97, 6.74, 7.31), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (5, 31)}, 'workloads': 4, 'speedup': (1.66, 5.96, 9.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (30, 126), 'mean_seq_len': (None, 22), 'num_seqs': (31, 79)}, 'workloads': 4, 'speedup': (1.15, 1.27, 1.42), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (126, 636), 'mean_seq_len': (None, 45), 'num_seqs': (31, 79)}, 'workloads': 3, 'speedup': (1.11, 1.2, 1.31), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (30, 126), 'mean_seq_len': (22, None), 'num_seqs': (31, 79)}, 'workloads': 5, 'speedup': (1.09, 1.1, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (126, 636), 'mean_seq_len': (45, None), 'num_seqs': (31, 79)}, 'workloads': 4, 'speedup': (1.03, 1.05, 1.07), 'fallbacks': ()},
-    {'region': 27, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1336, None), 'num_seqs': (79, None)}, 'workloads': 3, 'speedup': (1.17, 2.09, 3.64), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 7), 'num_seqs': (None, 31), 'total_seq_len': (24, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (31, 79), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.56, 1.56, 1.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7, 30), 'num_seqs': (31, 79), 'total_seq_len': (181, None)}, 'workloads': 5, 'speedup': (1.1, 1.22, 1.27), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (273, 962), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (126, 273), 'mean_seq_len': (21, None), 'num_seqs': (79, None), 'total_seq_len': (2896, 5947)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ()},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (273, 711), 'num_seqs': (79, 181), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 126), 'mean_seq_len': (21, None), 'num_seqs': (79, 181), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 140), 'mean_seq_len': (None, 21), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (140, 273), 'mean_seq_len': (None, 21), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 126), 'mean_seq_len': (21, None), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.19, 1.19, 1.19), 'fallbacks': ('cuda_prefill_staged.r32s4',), 'hand_back': True},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 762), 'num_seqs': (22, 79), 'total_seq_len': (5792, 11585)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 39, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (762, None), 'num_seqs': (22, 79), 'total_seq_len': (5792, 11585)}, 'workloads': 2, 'speedup': (2.89, 3.0, 3.1), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (636, 1091), 'num_seqs': (None, 22), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (2.05, 2.05, 2.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 1336), 'num_seqs': (79, 181), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (126, 273), 'mean_seq_len': (21, None), 'num_seqs': (79, None), 'total_seq_len': (5947, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
-    {'region': 43, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (6968, None), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 22), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (6968, None), 'mean_seq_len': (5792, None), 'num_seqs': (None, 22), 'total_seq_len': (11585, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 1812), 'num_seqs': (22, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 46, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1812, None), 'num_seqs': (22, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, 1336), 'num_seqs': (181, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1091, 6968), 'num_seqs': (None, 22), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (7, 8), 'num_seqs': (45, None), 'total_seq_len': (None, 215)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (None, 11), 'total_seq_len': (None, 861)}, 'workloads': 9, 'speedup': (7.1, 8.28, 9.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (8, 23), 'num_seqs': (None, 22), 'total_seq_len': (None, 861)}, 'workloads': 10, 'speedup': (5.97, 6.76, 7.31), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (23, 1177), 'total_seq_len': (None, 861)}, 'workloads': 49, 'speedup': (1.11, 2.91, 5.63), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (11, 45), 'total_seq_len': (None, 861)}, 'workloads': 3, 'speedup': (1.66, 4.76, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 23), 'num_seqs': (22, None), 'total_seq_len': (None, 861)}, 'workloads': 3, 'speedup': (1.1, 1.27, 1.5), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (45, None), 'total_seq_len': (None, 861)}, 'workloads': 4, 'speedup': (1.54, 1.63, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (8191, None), 'mean_seq_len': (4870, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 9741)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2432, 8191), 'num_seqs': (None, 5), 'total_seq_len': (None, 19483)}, 'workloads': 5, 'speedup': (1.06, 1.23, 1.36), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1177, 2432), 'total_seq_len': (None, 27554)}, 'workloads': 12, 'speedup': (1.17, 1.47, 1.84), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 11, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (8191, None), 'mean_seq_len': (None, 4870), 'num_seqs': (None, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 12, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (2432, None), 'mean_seq_len': (None, 3444), 'num_seqs': (5, None)}, 'workloads': 6, 'speedup': (1.2, 2.22, 3.64), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2432, 7170), 'mean_seq_len': (3444, None), 'num_seqs': (5, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (7170, None), 'mean_seq_len': (3444, None), 'num_seqs': (5, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7, 8), 'num_seqs': (45, None), 'total_seq_len': (215, 861)}, 'workloads': 1, 'speedup': (1.27, 1.27, 1.27), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (636, 1177), 'mean_seq_len': (None, 18), 'total_seq_len': (861, 1722)}, 'workloads': 2, 'speedup': (1.13, 1.18, 1.24), 'fallbacks': ()},
+    {'region': 17, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (636, 1177), 'mean_seq_len': (18, None), 'total_seq_len': (861, 1722)}, 'workloads': 6, 'speedup': (1.13, 1.52, 1.96), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (140, 636), 'num_seqs': (90, None), 'total_seq_len': (861, 1722)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (126, 636), 'num_seqs': (None, 90), 'total_seq_len': (861, 1874)}, 'workloads': 9, 'speedup': (1.56, 2.69, 4.17), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 140), 'num_seqs': (90, None), 'total_seq_len': (861, 4871)}, 'workloads': 4, 'speedup': (1.41, 1.44, 1.48), 'fallbacks': ()},
+    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 126), 'num_seqs': (None, 45), 'total_seq_len': (861, None)}, 'workloads': 4, 'speedup': (1.09, 1.67, 5.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 126), 'num_seqs': (45, 90), 'total_seq_len': (861, None)}, 'workloads': 4, 'speedup': (1.13, 1.21, 1.28), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (636, 1177), 'num_seqs': (None, 90), 'total_seq_len': (1722, 6888)}, 'workloads': 2, 'speedup': (1.56, 1.68, 1.82), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 1177), 'num_seqs': (90, None), 'total_seq_len': (1722, 6888)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (140, 636), 'num_seqs': (90, None), 'total_seq_len': (1722, None)}, 'workloads': 2, 'speedup': (1.16, 1.17, 1.19), 'fallbacks': ('cuda_prefill_staged.r32s4',), 'hand_back': True},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (126, 636), 'num_seqs': (None, 90), 'total_seq_len': (1874, None)}, 'workloads': 10, 'speedup': (1.03, 2.12, 5.19), 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 140), 'num_seqs': (90, None), 'total_seq_len': (4871, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, 1177), 'num_seqs': (None, 45), 'total_seq_len': (6888, None)}, 'workloads': 1, 'speedup': (2.05, 2.05, 2.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 762), 'mean_seq_len': (None, 304), 'total_seq_len': (6888, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (636, 762), 'mean_seq_len': (304, None), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (762, 1177), 'num_seqs': (45, None), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8191, None), 'mean_seq_len': (4870, None), 'num_seqs': (None, 5), 'total_seq_len': (9741, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2432, 8191), 'num_seqs': (None, 5), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1177, 2432), 'num_seqs': (None, 45), 'total_seq_len': (27554, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 35, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1177, 2432), 'num_seqs': (45, None), 'total_seq_len': (27554, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (18, 41), 'num_seqs': (None, 21), 'total_seq_len': (None, 45)}, 'workloads': 3, 'speedup': (8.84, 9.11, 9.57), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (21, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (2.37, 4.52, 6.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (5, 9), 'num_seqs': (21, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (2.75, 2.75, 2.75), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (9, 30), 'num_seqs': (21, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (3.36, 3.36, 3.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (41, 283), 'mean_seq_len': (176, None), 'num_seqs': (None, 21), 'total_seq_len': (None, 1299)}, 'workloads': 3, 'speedup': (5.72, 6.25, 6.79), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, 2024), 'num_seqs': (None, 11), 'total_seq_len': (None, 2896)}, 'workloads': 5, 'speedup': (3.13, 5.21, 6.39), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (283, 1023), 'mean_seq_len': (176, None), 'num_seqs': (None, 21), 'total_seq_len': (None, 2896)}, 'workloads': 10, 'speedup': (5.11, 6.6, 9.16), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, 2024), 'num_seqs': (22, 90), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.83, 2.08, 2.36), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1023, 2024), 'num_seqs': (90, None), 'total_seq_len': (None, 11585)}, 'workloads': 1, 'speedup': (2.87, 2.87, 2.87), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 2), 'num_seqs': (None, 21)}, 'workloads': 3, 'speedup': (9.42, 11.81, 15.83), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 18), 'mean_seq_len': (None, 2), 'num_seqs': (None, 21)}, 'workloads': 2, 'speedup': (8.88, 9.01, 9.13), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (41, 357), 'mean_seq_len': (None, 176), 'num_seqs': (None, 21)}, 'workloads': 30, 'speedup': (2.4, 6.42, 10.71), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (357, 1023), 'mean_seq_len': (None, 176), 'num_seqs': (None, 21)}, 'workloads': 7, 'speedup': (4.53, 6.42, 8.67), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 18), 'mean_seq_len': (2, None), 'num_seqs': (None, 21)}, 'workloads': 15, 'speedup': (5.4, 9.09, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (2024, None), 'mean_seq_len': (None, 23170)}, 'workloads': 17, 'speedup': (1.46, 3.06, 5.3), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2024, None), 'mean_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, 2024), 'num_seqs': (11, 22)}, 'workloads': 3, 'speedup': (2.82, 3.23, 3.52), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (30, 1023), 'num_seqs': (21, None)}, 'workloads': 29, 'speedup': (1.64, 2.85, 5.11), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (18, 41), 'num_seqs': (None, 21), 'total_seq_len': (45, None)}, 'workloads': 6, 'speedup': (5.39, 8.57, 12.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (None, 11), 'num_seqs': (21, None), 'total_seq_len': (362, None)}, 'workloads': 8, 'speedup': (2.2, 2.95, 4.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (11, None), 'num_seqs': (21, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (3.3, 3.83, 4.43), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (41, 283), 'mean_seq_len': (176, None), 'num_seqs': (None, 21), 'total_seq_len': (1299, None)}, 'workloads': 2, 'speedup': (5.77, 6.88, 8.19), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1023, 2024), 'num_seqs': (None, 11), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.65, 2.65, 2.65), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (283, 1023), 'mean_seq_len': (176, None), 'num_seqs': (None, 21), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (8.13, 8.13, 8.13), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1023, 2024), 'num_seqs': (22, 90), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1023, 2024), 'num_seqs': (90, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (18, 41), 'num_seqs': (None, 21), 'total_seq_len': (None, 53)}, 'workloads': 3, 'speedup': (8.84, 9.11, 9.57), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 30), 'num_seqs': (21, None), 'total_seq_len': (None, 215)}, 'workloads': 3, 'speedup': (2.41, 3.42, 6.02), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (30, 724), 'num_seqs': (21, None), 'total_seq_len': (None, 1217)}, 'workloads': 11, 'speedup': (1.64, 2.87, 4.12), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1442, 2024), 'mean_seq_len': (709, None), 'total_seq_len': (None, 2109)}, 'workloads': 1, 'speedup': (5.67, 5.67, 5.67), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, 1442), 'num_seqs': (None, 11), 'total_seq_len': (None, 2435)}, 'workloads': 2, 'speedup': (6.23, 6.31, 6.39), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (362, 724), 'mean_seq_len': (169, None), 'num_seqs': (None, 21), 'total_seq_len': (None, 3444)}, 'workloads': 5, 'speedup': (5.11, 6.6, 9.16), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (724, 1442), 'mean_seq_len': (None, 152), 'num_seqs': (11, None), 'total_seq_len': (None, 6888)}, 'workloads': 4, 'speedup': (2.99, 3.72, 6.46), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (724, 1023), 'num_seqs': (None, 11)}, 'workloads': 4, 'speedup': (5.11, 6.09, 6.83), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 2), 'num_seqs': (None, 21)}, 'workloads': 3, 'speedup': (9.42, 11.81, 15.83), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 18), 'mean_seq_len': (None, 2), 'num_seqs': (None, 21)}, 'workloads': 2, 'speedup': (8.88, 9.01, 9.13), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (41, 724), 'mean_seq_len': (None, 169), 'num_seqs': (None, 21)}, 'workloads': 35, 'speedup': (2.4, 6.4, 10.71), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 18), 'mean_seq_len': (2, None), 'num_seqs': (None, 21)}, 'workloads': 15, 'speedup': (5.4, 9.09, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (41, 362), 'mean_seq_len': (169, None), 'num_seqs': (None, 21)}, 'workloads': 7, 'speedup': (5.62, 6.75, 8.23), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1442, 1794), 'mean_seq_len': (None, 709)}, 'workloads': 3, 'speedup': (2.61, 3.32, 4.05), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1794, 2024), 'mean_seq_len': (None, 709)}, 'workloads': 5, 'speedup': (1.83, 2.96, 5.46), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32')},
+    {'region': 16, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (23169, None), 'mean_seq_len': (None, 27554)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 17, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (2024, 23169)}, 'workloads': 17, 'speedup': (1.46, 3.06, 5.3), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23169, None), 'mean_seq_len': (27554, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (724, 1442), 'mean_seq_len': (152, None), 'num_seqs': (11, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (724, 1442), 'mean_seq_len': (152, None), 'num_seqs': (22, None)}, 'workloads': 1, 'speedup': (2.14, 2.14, 2.14), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (18, 41), 'num_seqs': (None, 21), 'total_seq_len': (53, None)}, 'workloads': 6, 'speedup': (5.39, 8.57, 12.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'num_seqs': (21, None), 'total_seq_len': (215, 1217)}, 'workloads': 11, 'speedup': (2.2, 3.31, 6.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 724), 'num_seqs': (21, None), 'total_seq_len': (1217, None)}, 'workloads': 15, 'speedup': (1.69, 2.81, 5.11), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 24, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1442, 2024), 'mean_seq_len': (709, None), 'total_seq_len': (2109, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1023, 1442), 'num_seqs': (None, 11), 'total_seq_len': (2435, None)}, 'workloads': 1, 'speedup': (2.63, 2.63, 2.63), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (362, 724), 'mean_seq_len': (169, None), 'num_seqs': (None, 21), 'total_seq_len': (3444, None)}, 'workloads': 1, 'speedup': (8.13, 8.13, 8.13), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (724, 1442), 'mean_seq_len': (None, 152), 'num_seqs': (11, 181), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (724, 1442), 'mean_seq_len': (None, 152), 'num_seqs': (181, None), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -374,131 +352,95 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 8.00x (7.49x .. 8.85x) over vllm_flashinfer_prefill
-    if total_seq_len <= 24 and num_seqs <= 31 and 4 < max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 2 workloads, 1.74x (1.69x .. 1.80x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 31 < num_seqs <= 79 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and 31 < num_seqs <= 79 and 8 < max_seq_len <= 30:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r32s4'
-    # region 4: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 181 and 273 < max_seq_len <= 962:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 2896 and 79 < num_seqs <= 181 and 273 < max_seq_len <= 711:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 2 workloads, 1.59x (1.54x .. 1.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len <= 2 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 2 workloads, 1.47x (1.44x .. 1.50x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len <= 2 and 8 < max_seq_len <= 273:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 4 workloads, 1.44x (1.41x .. 1.48x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len > 2 and max_seq_len <= 273:
-        return 'cuda_prefill_staged.r64s4'
-    # region 9: 6 workloads, 1.64x (1.48x .. 1.96x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and num_seqs <= 22 and 636 < max_seq_len <= 1091:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 10: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and 22 < num_seqs <= 79 and mean_seq_len <= 22 and 636 < max_seq_len <= 898:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 11: 3 workloads, 1.37x (1.13x .. 1.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and 22 < num_seqs <= 79 and max_seq_len > 898:
-        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p16'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 5792 and 22 < num_seqs <= 79 and mean_seq_len > 22 and 636 < max_seq_len <= 898:
-        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 5792 and 79 < num_seqs <= 181 and 711 < max_seq_len <= 1336:
-        return 'cuda_prefill_cp.p16'
-    # region 14: 3 workloads, 1.18x (1.06x .. 1.34x) over vllm_flashinfer_prefill
-    if total_seq_len <= 11585 and num_seqs <= 11 and max_seq_len > 6968:
-        return 'cuda_prefill_cp.p8'
-    # region 15: 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 11585 and 11 < num_seqs <= 22 and max_seq_len > 6968:
-        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p16'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 11585 and num_seqs > 181 and 962 < max_seq_len <= 1336:
-        return 'cuda_prefill_cp.p16'
-    # region 17: 14 workloads, 1.43x (1.11x .. 1.84x) over vllm_flashinfer_prefill
-    if total_seq_len <= 23170 and num_seqs <= 22 and 1091 < max_seq_len <= 6968:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
-    # region 18: 3 workloads, 8.66x (8.27x .. 8.88x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and max_seq_len <= 4:
+    # region 1: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill
+    if total_seq_len <= 215 and num_seqs > 45 and 7 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 9 workloads, 8.28x (7.10x .. 9.27x) over vllm_flashinfer_prefill
+    if total_seq_len <= 861 and num_seqs <= 11 and max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 19: 1 workloads, 6.80x (6.80x .. 6.80x) over vllm_flashinfer_prefill
-    if num_seqs <= 31 and mean_seq_len <= 2 and 7 < max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 20: 57 workloads, 3.33x (1.18x .. 5.63x) over vllm_flashinfer_prefill
-    if num_seqs <= 31 and 22 < max_seq_len <= 636:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 21: 11 workloads, 6.74x (5.97x .. 7.31x) over vllm_flashinfer_prefill
-    if num_seqs <= 31 and mean_seq_len > 2 and 7 < max_seq_len <= 22:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 22: 4 workloads, 5.96x (1.66x .. 9.68x) over vllm_flashinfer_prefill
-    if 5 < num_seqs <= 31 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 23: 4 workloads, 1.27x (1.15x .. 1.42x) over vllm_flashinfer_prefill
-    if 31 < num_seqs <= 79 and mean_seq_len <= 22 and 30 < max_seq_len <= 126:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 24: 3 workloads, 1.20x (1.11x .. 1.31x) over vllm_flashinfer_prefill
-    if 31 < num_seqs <= 79 and mean_seq_len <= 45 and 126 < max_seq_len <= 636:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 25: 5 workloads, 1.10x (1.09x .. 1.11x) over vllm_flashinfer_prefill
-    if 31 < num_seqs <= 79 and mean_seq_len > 22 and 30 < max_seq_len <= 126:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 26: 4 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
-    if 31 < num_seqs <= 79 and mean_seq_len > 45 and 126 < max_seq_len <= 636:
-        return 'flashinfer_direct'
-    # region 27: 3 workloads, 2.09x (1.17x .. 3.64x) over vllm_flashinfer_prefill
-    if num_seqs > 79 and max_seq_len > 1336:
-        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 24 and num_seqs <= 31 and 4 < max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 29: 1 workloads, 1.56x (1.56x .. 1.56x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 31 < num_seqs <= 79 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 30: 5 workloads, 1.22x (1.10x .. 1.27x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 31 < num_seqs <= 79 and 7 < max_seq_len <= 30:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 32: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
-    if 2896 < total_seq_len <= 5947 and num_seqs > 79 and mean_seq_len > 21 and 126 < max_seq_len <= 273:
-        return 'cuda_prefill_staged.r64s4'
-    # region 33: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 79 < num_seqs <= 181 and 273 < max_seq_len <= 711:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and 79 < num_seqs <= 181 and mean_seq_len > 21 and max_seq_len <= 126:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs > 79 and mean_seq_len <= 21 and max_seq_len <= 140:
-        return 'cuda_prefill_staged.r64s4'
-    # region 37: 1 workloads, 1.19x (1.19x .. 1.19x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 21 and max_seq_len <= 126:
+    # region 3: 10 workloads, 6.76x (5.97x .. 7.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 861 and num_seqs <= 22 and 8 < max_seq_len <= 23:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 4: 49 workloads, 2.91x (1.11x .. 5.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 861 and 23 < max_seq_len <= 1177:
+        return 'cuda_prefill_staged.r32s4'
+    # region 5: 3 workloads, 4.76x (1.66x .. 8.95x) over vllm_flashinfer_prefill
+    if total_seq_len <= 861 and 11 < num_seqs <= 45 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 3 workloads, 1.27x (1.10x .. 1.50x) over vllm_flashinfer_prefill
+    if total_seq_len <= 861 and num_seqs > 22 and 8 < max_seq_len <= 23:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 5792 < total_seq_len <= 11585 and 22 < num_seqs <= 79 and 636 < max_seq_len <= 762:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 2 workloads, 3.00x (2.89x .. 3.10x) over vllm_flashinfer_prefill
-    if 5792 < total_seq_len <= 11585 and 22 < num_seqs <= 79 and max_seq_len > 762:
+    # region 7: 4 workloads, 1.63x (1.54x .. 1.80x) over vllm_flashinfer_prefill
+    if total_seq_len <= 861 and num_seqs > 45 and max_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill
+    if total_seq_len <= 9741 and num_seqs <= 5 and mean_seq_len > 4870 and max_seq_len > 8191:
+        return 'cuda_prefill_cp.p8'
+    # region 9: 5 workloads, 1.23x (1.06x .. 1.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 19483 and num_seqs <= 5 and 2432 < max_seq_len <= 8191:
+        return 'cuda_prefill_cp.p8'
+    # region 10: 12 workloads, 1.47x (1.17x .. 1.84x) over vllm_flashinfer_prefill
+    if total_seq_len <= 27554 and 1177 < max_seq_len <= 2432:
         return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
-    # region 40: 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and num_seqs <= 22 and 636 < max_seq_len <= 1091:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'flashinfer_direct'
-    # region 42: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5947 and num_seqs > 79 and mean_seq_len > 21 and 126 < max_seq_len <= 273:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and num_seqs <= 22 and mean_seq_len <= 5792 and max_seq_len > 6968:
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 5 and mean_seq_len <= 4870 and max_seq_len > 8191:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
+    # region 12: 6 workloads, 2.22x (1.20x .. 3.64x) over vllm_flashinfer_prefill
+    if num_seqs > 5 and mean_seq_len <= 3444 and max_seq_len > 2432:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 5 and mean_seq_len > 3444 and max_seq_len > 7170:
         return 'cuda_prefill_cp.p16'
-    # region 44: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and num_seqs <= 22 and mean_seq_len > 5792 and max_seq_len > 6968:
+    # region 15: 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 861 and num_seqs > 45 and 7 < max_seq_len <= 8:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 16: 2 workloads, 1.18x (1.13x .. 1.24x) over vllm_flashinfer_prefill
+    if 861 < total_seq_len <= 1722 and mean_seq_len <= 18 and 636 < max_seq_len <= 1177:
+        return 'cuda_prefill_staged.r32s4'
+    # region 17: 6 workloads, 1.52x (1.13x .. 1.96x) over vllm_flashinfer_prefill
+    if 861 < total_seq_len <= 1722 and mean_seq_len > 18 and 636 < max_seq_len <= 1177:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p8'
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if 861 < total_seq_len <= 1722 and num_seqs > 90 and 140 < max_seq_len <= 636:
+        return 'cuda_prefill_staged.r32s4'
+    # region 19: 9 workloads, 2.69x (1.56x .. 4.17x) over vllm_flashinfer_prefill
+    if 861 < total_seq_len <= 1874 and num_seqs <= 90 and 126 < max_seq_len <= 636:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 20: 4 workloads, 1.44x (1.41x .. 1.48x) over vllm_flashinfer_prefill
+    if 861 < total_seq_len <= 4871 and num_seqs > 90 and max_seq_len <= 140:
+        return 'cuda_prefill_staged.r64s4'
+    # region 21: 4 workloads, 1.67x (1.09x .. 5.82x) over vllm_flashinfer_prefill
+    if total_seq_len > 861 and num_seqs <= 45 and max_seq_len <= 126:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 22: 4 workloads, 1.21x (1.13x .. 1.28x) over vllm_flashinfer_prefill
+    if total_seq_len > 861 and 45 < num_seqs <= 90 and max_seq_len <= 126:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 2 workloads, 1.68x (1.56x .. 1.82x) over vllm_flashinfer_prefill
+    if 1722 < total_seq_len <= 6888 and num_seqs <= 90 and 636 < max_seq_len <= 1177:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
+    # region 25: 2 workloads, 1.17x (1.16x .. 1.19x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1722 and num_seqs > 90 and 140 < max_seq_len <= 636:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 10 workloads, 2.12x (1.03x .. 5.19x) over vllm_flashinfer_prefill
+    if total_seq_len > 1874 and num_seqs <= 90 and 126 < max_seq_len <= 636:
+        return 'flashinfer_direct'
+    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4871 and num_seqs > 90 and max_seq_len <= 140:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 28: 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill
+    if total_seq_len > 6888 and num_seqs <= 45 and 762 < max_seq_len <= 1177:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 29: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6888 and mean_seq_len <= 304 and 636 < max_seq_len <= 762:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 6888 and mean_seq_len > 304 and 636 < max_seq_len <= 762:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 32: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 9741 and num_seqs <= 5 and mean_seq_len > 4870 and max_seq_len > 8191:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and 22 < num_seqs <= 79 and max_seq_len > 1812:
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 27554 and num_seqs > 45 and 1177 < max_seq_len <= 2432:
         return 'cuda_prefill_cp.p16'
     return 'vllm_flashinfer_prefill'
 
@@ -507,88 +449,94 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 3 workloads, 9.11x (8.84x .. 9.57x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and num_seqs <= 21 and 18 < max_seq_len <= 41:
+    if total_seq_len <= 53 and num_seqs <= 21 and 18 < max_seq_len <= 41:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 2: 3 workloads, 4.52x (2.37x .. 6.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 21 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 1 workloads, 2.75x (2.75x .. 2.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 21 and 5 < max_seq_len <= 9:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 1 workloads, 3.36x (3.36x .. 3.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 21 and 9 < max_seq_len <= 30:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 3 workloads, 6.25x (5.72x .. 6.79x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1299 and num_seqs <= 21 and mean_seq_len > 176 and 41 < max_seq_len <= 283:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 5 workloads, 5.21x (3.13x .. 6.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs <= 11 and 1023 < max_seq_len <= 2024:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 7: 10 workloads, 6.60x (5.11x .. 9.16x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs <= 21 and mean_seq_len > 176 and 283 < max_seq_len <= 1023:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 2 workloads, 2.08x (1.83x .. 2.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and 22 < num_seqs <= 90 and 1023 < max_seq_len <= 2024:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r32s4'
-    # region 9: 1 workloads, 2.87x (2.87x .. 2.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 11585 and num_seqs > 90 and 1023 < max_seq_len <= 2024:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 3 workloads, 11.81x (9.42x .. 15.83x) over vllm_flashinfer_prefill
+    # region 2: 3 workloads, 3.42x (2.41x .. 6.02x) over vllm_flashinfer_prefill
+    if total_seq_len <= 215 and num_seqs > 21 and max_seq_len <= 30:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 11 workloads, 2.87x (1.64x .. 4.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1217 and num_seqs > 21 and 30 < max_seq_len <= 724:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 4: 1 workloads, 5.67x (5.67x .. 5.67x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2109 and mean_seq_len > 709 and 1442 < max_seq_len <= 2024:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 5: 2 workloads, 6.31x (6.23x .. 6.39x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2435 and num_seqs <= 11 and 1023 < max_seq_len <= 1442:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 5 workloads, 6.60x (5.11x .. 9.16x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and num_seqs <= 21 and mean_seq_len > 169 and 362 < max_seq_len <= 724:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 7: 4 workloads, 3.72x (2.99x .. 6.46x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and num_seqs > 11 and mean_seq_len <= 152 and 724 < max_seq_len <= 1442:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 8: 4 workloads, 6.09x (5.11x .. 6.83x) over vllm_flashinfer_prefill
+    if num_seqs <= 11 and 724 < max_seq_len <= 1023:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 3 workloads, 11.81x (9.42x .. 15.83x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and mean_seq_len <= 2 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 2 workloads, 9.01x (8.88x .. 9.13x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 10: 2 workloads, 9.01x (8.88x .. 9.13x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and mean_seq_len <= 2 and 4 < max_seq_len <= 18:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 12: 30 workloads, 6.42x (2.40x .. 10.71x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and mean_seq_len <= 176 and 41 < max_seq_len <= 357:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 7 workloads, 6.42x (4.53x .. 8.67x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and mean_seq_len <= 176 and 357 < max_seq_len <= 1023:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 14: 15 workloads, 9.09x (5.40x .. 15.34x) over vllm_flashinfer_prefill
+    # region 11: 35 workloads, 6.40x (2.40x .. 10.71x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and mean_seq_len <= 169 and 41 < max_seq_len <= 724:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 15 workloads, 9.09x (5.40x .. 15.34x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and mean_seq_len > 2 and max_seq_len <= 18:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 15: 17 workloads, 3.06x (1.46x .. 5.30x) over vllm_flashinfer_prefill
-    if mean_seq_len <= 23170 and max_seq_len > 2024:
+    # region 13: 7 workloads, 6.75x (5.62x .. 8.23x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and mean_seq_len > 169 and 41 < max_seq_len <= 362:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 14: 3 workloads, 3.32x (2.61x .. 4.05x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 709 and 1442 < max_seq_len <= 1794:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
+    # region 15: 5 workloads, 2.96x (1.83x .. 5.46x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 709 and 1794 < max_seq_len <= 2024:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r32s4'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if mean_seq_len <= 27554 and max_seq_len > 23169:
         return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
-    # region 16: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if mean_seq_len > 23170 and max_seq_len > 2024:
+    # region 17: 17 workloads, 3.06x (1.46x .. 5.30x) over vllm_flashinfer_prefill
+    if 2024 < max_seq_len <= 23169:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
+    # region 18: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if mean_seq_len > 27554 and max_seq_len > 23169:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 17: 3 workloads, 3.23x (2.82x .. 3.52x) over vllm_flashinfer_prefill
-    if 11 < num_seqs <= 22 and 1023 < max_seq_len <= 2024:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 18: 29 workloads, 2.85x (1.64x .. 5.11x) over vllm_flashinfer_prefill
-    if num_seqs > 21 and 30 < max_seq_len <= 1023:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 6 workloads, 8.57x (5.39x .. 12.82x) over vllm_flashinfer_prefill
-    if total_seq_len > 45 and num_seqs <= 21 and 18 < max_seq_len <= 41:
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    if 11 < num_seqs <= 22 and mean_seq_len > 152 and 724 < max_seq_len <= 1442:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 20: 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill
+    if num_seqs > 22 and mean_seq_len > 152 and 724 < max_seq_len <= 1442:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 21: 6 workloads, 8.57x (5.39x .. 12.82x) over vllm_flashinfer_prefill
+    if total_seq_len > 53 and num_seqs <= 21 and 18 < max_seq_len <= 41:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 20: 8 workloads, 2.95x (2.20x .. 4.10x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs > 21 and mean_seq_len <= 11 and max_seq_len <= 30:
+    # region 22: 11 workloads, 3.31x (2.20x .. 6.36x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 1217 and num_seqs > 21 and max_seq_len <= 30:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 2 workloads, 3.83x (3.30x .. 4.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs > 21 and mean_seq_len > 11 and max_seq_len <= 30:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 2 workloads, 6.88x (5.77x .. 8.19x) over vllm_flashinfer_prefill
-    if total_seq_len > 1299 and num_seqs <= 21 and mean_seq_len > 176 and 41 < max_seq_len <= 283:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 1 workloads, 2.65x (2.65x .. 2.65x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs <= 11 and 1023 < max_seq_len <= 2024:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p8'
-    # region 24: 1 workloads, 8.13x (8.13x .. 8.13x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs <= 21 and mean_seq_len > 176 and 283 < max_seq_len <= 1023:
+    # region 23: 15 workloads, 2.81x (1.69x .. 5.11x) over vllm_flashinfer_prefill
+    if total_seq_len > 1217 and num_seqs > 21 and max_seq_len <= 724:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2109 and mean_seq_len > 709 and 1442 < max_seq_len <= 2024:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
+    # region 25: 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill
+    if total_seq_len > 2435 and num_seqs <= 11 and 1023 < max_seq_len <= 1442:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
+    # region 26: 1 workloads, 8.13x (8.13x .. 8.13x) over vllm_flashinfer_prefill
+    if total_seq_len > 3444 and num_seqs <= 21 and mean_seq_len > 169 and 362 < max_seq_len <= 724:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and 22 < num_seqs <= 90 and 1023 < max_seq_len <= 2024:
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 6888 and 11 < num_seqs <= 181 and mean_seq_len <= 152 and 724 < max_seq_len <= 1442:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and num_seqs > 90 and 1023 < max_seq_len <= 2024:
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 6888 and num_seqs > 181 and mean_seq_len <= 152 and 724 < max_seq_len <= 1442:
         return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 21 and max_seq_len <= 126:  # region 37
+    if total_seq_len > 1722 and num_seqs > 90 and 140 < max_seq_len <= 636:  # region 25
         return True
     return False

@@ -192,183 +192,191 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2661 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 5306 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.49% mean, 199.25% max;
-#             1.502x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.40% mean, 64.81% max;
-#             3.872x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.51% mean, 199.25% max;
+#             1.503x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.08% mean, 64.81% max;
+#             3.854x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 14 and num_seqs <= 9 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 3 workloads, 7.77x (7.66x .. 7.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   2. total_seq_len <= 90 and 9 < num_seqs <= 17 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   3. total_seq_len <= 90 and 9 < num_seqs <= 17 and 11 < max_seq_len <= 504: cuda_prefill_staged.r32s4, 2 workloads, 1.18x (1.17x .. 1.19x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   4. total_seq_len <= 1448 and num_seqs <= 9 and 7 < max_seq_len <= 17: triton_prefill_fused.c16v32, 6 workloads, 7.15x (6.86x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   5. total_seq_len <= 1448 and num_seqs <= 9 and 17 < max_seq_len <= 795: cuda_prefill_staged.r32s4, 38 workloads, 3.62x (1.71x .. 6.23x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   6. total_seq_len <= 1448 and 9 < num_seqs <= 17 and 504 < max_seq_len <= 856: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 2896 and num_seqs <= 9 and 795 < max_seq_len <= 1081: cuda_prefill_cp.p4, 4 workloads, 1.65x (1.42x .. 2.03x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct
-#   8. total_seq_len <= 2896 and 17 < num_seqs <= 45 and 11 < mean_seq_len <= 45: cuda_prefill_staged.r64s4, 7 workloads, 1.20x (1.07x .. 1.42x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len <= 2 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.75x (1.61x .. 2.24x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4
-#   10. total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len <= 2 and max_seq_len > 9: cuda_prefill_staged.r64s4, 2 workloads, 1.50x (1.45x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   11. total_seq_len <= 2896 and num_seqs > 17 and 2 < mean_seq_len <= 11: cuda_prefill_staged.r64s4, 14 workloads, 1.39x (1.10x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   12. total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 45 and max_seq_len <= 316: flashinfer_direct, 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 45 and 316 < max_seq_len <= 639: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   14. total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 45 and max_seq_len > 639: cuda_prefill_cp.p8, 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_staged.r64s4
-#   15. total_seq_len <= 2896 and num_seqs > 45 and 11 < mean_seq_len <= 45 and max_seq_len <= 932: cuda_prefill_staged.r64s4, 5 workloads, 1.22x (1.08x .. 1.32x) over vllm_flashinfer_prefill
-#   16. total_seq_len <= 2896 and num_seqs > 45 and 11 < mean_seq_len <= 45 and max_seq_len > 932: cuda_prefill_cp.p8, 1 workloads, 1.40x (1.40x .. 1.40x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   17. total_seq_len <= 5792 and 9 < num_seqs <= 17 and max_seq_len > 856: cuda_prefill_cp.p8, 2 workloads, 1.22x (1.06x .. 1.40x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   18. total_seq_len <= 6845 and num_seqs <= 2 and max_seq_len > 1081: cuda_prefill_cp.p4, 5 workloads, 1.25x (1.05x .. 1.51x) over vllm_flashinfer_prefill
-#   19. total_seq_len <= 6845 and 2 < num_seqs <= 9 and max_seq_len > 1081: cuda_prefill_cp.p8, 6 workloads, 1.39x (1.05x .. 2.01x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   20. num_seqs <= 1 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.73x (8.73x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64
-#   21. 1 < num_seqs <= 9 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 10.30x (10.30x .. 10.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   22. total_seq_len > 14 and num_seqs <= 9 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 5 workloads, 6.37x (1.68x .. 9.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. 90 < total_seq_len <= 362 and 9 < num_seqs <= 17 and max_seq_len <= 504: cuda_prefill_staged.r32s4, 6 workloads, 1.11x (1.06x .. 1.15x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   24. 362 < total_seq_len <= 724 and 9 < num_seqs <= 17 and max_seq_len <= 174: cuda_prefill_staged.r64s4, 2 workloads, 1.04x (1.03x .. 1.05x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   25. 362 < total_seq_len <= 1448 and 9 < num_seqs <= 17 and 174 < max_seq_len <= 504: cuda_prefill_staged.r32s4, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   26. total_seq_len > 724 and 9 < num_seqs <= 17 and max_seq_len <= 174: flashinfer_direct, 3 workloads, 1.10x (1.08x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   27. 1448 < total_seq_len <= 5792 and 9 < num_seqs <= 17 and 504 < max_seq_len <= 856: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   28. total_seq_len > 1448 and num_seqs <= 5 and 7 < max_seq_len <= 795: cuda_prefill_staged.r32s4, 2 workloads, 2.44x (2.10x .. 2.84x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_cp.p4, cuda_prefill_cp.p8
-#   29. total_seq_len > 1448 and 5 < num_seqs <= 9 and 7 < max_seq_len <= 795: vllm_flashinfer_prefill.cp_off, 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p8
-#   30. total_seq_len > 1448 and 9 < num_seqs <= 17 and 174 < max_seq_len <= 504: flashinfer_direct, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   31. 2896 < total_seq_len <= 6845 and num_seqs <= 9 and 795 < max_seq_len <= 1081: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   32. 2896 < total_seq_len <= 11585 and num_seqs > 17 and 1659 < max_seq_len <= 2712: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
-#   33. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len <= 22 and 316 < max_seq_len <= 1659: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   34. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len <= 45 and max_seq_len <= 316: cuda_prefill_staged.r64s4, 3 workloads, 1.23x (1.22x .. 1.25x) over vllm_flashinfer_prefill
-#   35. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len <= 362 and 2712 < max_seq_len <= 3435: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
-#   36. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len <= 724 and max_seq_len > 3435: cuda_prefill_cp.p8, 3 workloads, 1.78x (1.44x .. 2.02x) over vllm_flashinfer_prefill
-#   37. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 22 and 316 < max_seq_len <= 1659: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
-#   38. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 45 and max_seq_len <= 316: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32
-#   39. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 362 and 2712 < max_seq_len <= 3435: vllm_flashinfer_prefill (baseline), 0 workloads
-#   40. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 724 and 3435 < max_seq_len <= 7152: vllm_flashinfer_prefill (baseline), 0 workloads
-#   41. total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 724 and max_seq_len > 7152: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
-#   42. 5792 < total_seq_len <= 23170 and 9 < num_seqs <= 17 and 504 < max_seq_len <= 4528: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   43. 5792 < total_seq_len <= 23170 and 9 < num_seqs <= 17 and max_seq_len > 4528: cuda_prefill_cp.p8, 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill
-#   44. total_seq_len > 6845 and num_seqs <= 9 and mean_seq_len <= 1448 and max_seq_len > 1920: cuda_prefill_cp.p8, 2 workloads, 1.34x (1.17x .. 1.54x) over vllm_flashinfer_prefill
-#   45. total_seq_len > 6845 and num_seqs <= 9 and 795 < max_seq_len <= 1380: flashinfer_direct, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   46. total_seq_len > 6845 and num_seqs <= 9 and 1380 < max_seq_len <= 1920: vllm_flashinfer_prefill (baseline), 0 workloads
-#   47. total_seq_len > 6845 and num_seqs <= 9 and 1448 < mean_seq_len <= 2896 and max_seq_len > 1920: cuda_prefill_cp.p8, 3 workloads, 1.17x (1.13x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   48. total_seq_len > 6845 and num_seqs <= 9 and mean_seq_len > 2896 and max_seq_len > 1920: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   49. total_seq_len > 11585 and num_seqs > 17 and 1659 < max_seq_len <= 2712: vllm_flashinfer_prefill (baseline), 0 workloads
-#   50. total_seq_len > 23170 and 9 < num_seqs <= 17 and max_seq_len > 504: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 13 and num_seqs <= 5 and mean_seq_len > 4 and max_seq_len <= 23: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.66x (7.66x .. 7.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   2. total_seq_len <= 79 and num_seqs <= 3 and mean_seq_len <= 4 and max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.12x (7.82x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   3. total_seq_len <= 79 and num_seqs > 3 and mean_seq_len <= 4 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 11 workloads, 4.72x (1.34x .. 10.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 152 and num_seqs <= 5 and mean_seq_len > 4 and max_seq_len > 23: cuda_prefill_staged.r32s4, 10 workloads, 4.16x (3.10x .. 5.22x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   5. total_seq_len <= 152 and num_seqs <= 11 and mean_seq_len <= 4 and 11 < max_seq_len <= 13: triton_prefill_fused.c16v32, 1 workloads, 7.10x (7.10x .. 7.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   6. total_seq_len <= 152 and num_seqs <= 11 and mean_seq_len <= 4 and max_seq_len > 13: cuda_prefill_staged.r32s4, 1 workloads, 6.23x (6.23x .. 6.23x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
+#   7. total_seq_len <= 152 and num_seqs > 5 and 4 < mean_seq_len <= 9 and max_seq_len <= 11: triton_prefill_fused.c16v64, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   8. total_seq_len <= 152 and num_seqs > 5 and 4 < mean_seq_len <= 9 and max_seq_len > 11: cuda_prefill_staged.r32s4, 2 workloads, 1.10x (1.06x .. 1.14x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 152 and num_seqs > 5 and mean_seq_len > 9 and max_seq_len <= 16: triton_prefill_fused.c16v64, 1 workloads, 7.05x (7.05x .. 7.05x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   10. total_seq_len <= 152 and num_seqs > 5 and mean_seq_len > 9 and max_seq_len > 16: cuda_prefill_staged.r32s4, 2 workloads, 4.93x (4.60x .. 5.27x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   11. total_seq_len <= 152 and num_seqs > 11 and mean_seq_len <= 4 and max_seq_len > 11: cuda_prefill_staged.r64s4, 3 workloads, 1.24x (1.13x .. 1.45x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. 13 < total_seq_len <= 152 and num_seqs <= 5 and mean_seq_len > 4 and max_seq_len <= 23: triton_prefill_fused.c16v32, 3 workloads, 6.47x (5.55x .. 7.11x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
+#   13. 79 < total_seq_len <= 152 and mean_seq_len <= 4 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.65x (1.65x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64
+#   14. 79 < total_seq_len <= 152 and mean_seq_len <= 4 and 8 < max_seq_len <= 11: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64
+#   15. 152 < total_seq_len <= 215 and num_seqs <= 22 and 8 < max_seq_len <= 136: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64
+#   16. 152 < total_seq_len <= 215 and num_seqs > 22 and 8 < max_seq_len <= 136: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4
+#   17. 152 < total_seq_len <= 304 and num_seqs <= 90 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64
+#   18. 152 < total_seq_len <= 304 and num_seqs <= 90 and 6 < max_seq_len <= 8: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v64
+#   19. 152 < total_seq_len <= 929 and mean_seq_len <= 9 and max_seq_len > 136: cuda_prefill_staged.r64s4, 4 workloads, 1.41x (1.24x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   20. 152 < total_seq_len <= 929 and mean_seq_len > 9 and max_seq_len > 136: cuda_prefill_staged.r32s4, 14 workloads, 2.30x (1.10x .. 4.06x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   21. 152 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len <= 2 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.61x (1.61x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4
+#   22. 152 < total_seq_len <= 929 and num_seqs > 90 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.64x (1.64x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v64
+#   23. 152 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len > 2 and 4 < max_seq_len <= 8: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8
+#   24. 215 < total_seq_len <= 929 and 8 < max_seq_len <= 136: cuda_prefill_staged.r64s4, 17 workloads, 2.04x (1.03x .. 5.33x) over vllm_flashinfer_prefill
+#   25. 304 < total_seq_len <= 929 and num_seqs <= 90 and max_seq_len <= 8: cuda_prefill_staged.r64s4, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64
+#   26. 929 < total_seq_len <= 1722 and num_seqs <= 9 and max_seq_len <= 633: cuda_prefill_staged.r32s4, 6 workloads, 2.85x (2.04x .. 4.64x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_cp.p4, cuda_prefill_cp.p8
+#   27. 929 < total_seq_len <= 1722 and num_seqs <= 9 and 633 < max_seq_len <= 795: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct
+#   28. 929 < total_seq_len <= 3444 and num_seqs <= 9 and 795 < max_seq_len <= 1081: cuda_prefill_cp.p4, 4 workloads, 1.65x (1.42x .. 2.03x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct
+#   29. 929 < total_seq_len <= 3444 and 9 < num_seqs <= 39 and 756 < max_seq_len <= 3435: cuda_prefill_cp.p8, 4 workloads, 1.24x (1.06x .. 1.45x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   30. 929 < total_seq_len <= 3444 and num_seqs > 39 and 164 < max_seq_len <= 3435: cuda_prefill_staged.r64s4, 4 workloads, 1.17x (1.08x .. 1.31x) over vllm_flashinfer_prefill
+#   31. 929 < total_seq_len <= 5756 and num_seqs <= 2 and max_seq_len > 1081: cuda_prefill_cp.p4, 5 workloads, 1.25x (1.05x .. 1.51x) over vllm_flashinfer_prefill
+#   32. 929 < total_seq_len <= 5756 and 2 < num_seqs <= 9 and max_seq_len > 1081: cuda_prefill_cp.p8, 6 workloads, 1.39x (1.05x .. 2.01x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   33. 929 < total_seq_len <= 6888 and 9 < num_seqs <= 39 and max_seq_len <= 756: flashinfer_direct, 9 workloads, 1.09x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+#   34. total_seq_len > 929 and num_seqs > 9 and mean_seq_len <= 861 and 3435 < max_seq_len <= 5265: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
+#   35. total_seq_len > 929 and num_seqs > 9 and mean_seq_len <= 1217 and max_seq_len > 5265: cuda_prefill_cp.p8, 4 workloads, 1.84x (1.44x .. 2.03x) over vllm_flashinfer_prefill
+#   36. total_seq_len > 929 and num_seqs > 9 and mean_seq_len > 861 and 3435 < max_seq_len <= 5265: vllm_flashinfer_prefill (baseline), 0 workloads
+#   37. total_seq_len > 929 and num_seqs > 9 and mean_seq_len > 1217 and 5265 < max_seq_len <= 12872: vllm_flashinfer_prefill (baseline), 0 workloads
+#   38. total_seq_len > 929 and num_seqs > 9 and mean_seq_len > 1217 and max_seq_len > 12872: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
+#   39. total_seq_len > 929 and num_seqs > 39 and mean_seq_len <= 53 and max_seq_len <= 164: cuda_prefill_staged.r64s4, 10 workloads, 1.34x (1.17x .. 1.52x) over vllm_flashinfer_prefill
+#   40. total_seq_len > 929 and num_seqs > 39 and mean_seq_len > 53 and max_seq_len <= 164: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32
+#   41. 1722 < total_seq_len <= 5756 and num_seqs <= 5 and max_seq_len <= 795: cuda_prefill_staged.r32s4, 2 workloads, 2.44x (2.10x .. 2.84x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_cp.p4, cuda_prefill_cp.p8
+#   42. 1722 < total_seq_len <= 5756 and 5 < num_seqs <= 9 and max_seq_len <= 795: vllm_flashinfer_prefill.cp_off, 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p8
+#   43. 3444 < total_seq_len <= 5756 and num_seqs <= 9 and 795 < max_seq_len <= 1081: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   44. total_seq_len > 3444 and 9 < num_seqs <= 39 and 756 < max_seq_len <= 3435: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   45. total_seq_len > 3444 and num_seqs > 39 and mean_seq_len <= 53 and 295 < max_seq_len <= 3435: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   46. total_seq_len > 3444 and num_seqs > 39 and mean_seq_len <= 75 and 164 < max_seq_len <= 295: cuda_prefill_staged.r64s4, 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   47. total_seq_len > 3444 and num_seqs > 39 and mean_seq_len > 53 and 295 < max_seq_len <= 3435: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
+#   48. total_seq_len > 3444 and num_seqs > 39 and mean_seq_len > 75 and 164 < max_seq_len <= 295: vllm_flashinfer_prefill (baseline), 0 workloads
+#   49. 5756 < total_seq_len <= 6888 and num_seqs <= 9 and 1340 < max_seq_len <= 1920: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4
+#   50. total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len <= 1217 and 1920 < max_seq_len <= 4528: cuda_prefill_cp.p8, 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill
+#   51. total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len <= 1722 and max_seq_len > 4528: cuda_prefill_cp.p8, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
+#   52. total_seq_len > 5756 and num_seqs <= 9 and max_seq_len <= 1340: flashinfer_direct, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   53. total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len > 1217 and 1920 < max_seq_len <= 4528: cuda_prefill_staged.r32s4, 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p4, cuda_prefill_cp.p8; engine plugins keep the engine's kernel (`hand_back`)
+#   54. total_seq_len > 5756 and num_seqs <= 9 and 1722 < mean_seq_len <= 2435 and max_seq_len > 4528: cuda_prefill_cp.p8, 2 workloads, 1.19x (1.19x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   55. total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len > 2435 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   56. total_seq_len > 6888 and num_seqs <= 9 and 1340 < max_seq_len <= 1920: vllm_flashinfer_prefill (baseline), 0 workloads
+#   57. total_seq_len > 6888 and 9 < num_seqs <= 39 and max_seq_len <= 756: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 36 and num_seqs <= 12 and max_seq_len <= 26: cuda_prefill_pool_rows.k8c8, 15 workloads, 8.52x (6.20x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 36 and num_seqs <= 12 and 26 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 2 workloads, 8.42x (7.36x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 181 and num_seqs > 12 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.65x (3.15x .. 4.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   4. total_seq_len <= 181 and num_seqs > 12 and 16 < max_seq_len <= 42: cuda_prefill_pool_rows.k8c8, 1 workloads, 3.54x (3.54x .. 3.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 267 and num_seqs <= 12 and 64 < max_seq_len <= 98: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.93x (4.45x .. 10.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 267 and num_seqs <= 12 and 98 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 10 workloads, 6.85x (3.77x .. 11.06x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 267 and num_seqs > 12 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 6 workloads, 4.22x (2.76x .. 7.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 267 and num_seqs > 12 and 42 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 5 workloads, 3.36x (2.60x .. 4.49x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
-#   9. total_seq_len <= 12405 and mean_seq_len > 4557 and max_seq_len > 2036: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64
-#   10. total_seq_len <= 15790 and mean_seq_len <= 4557 and max_seq_len > 2036: cuda_prefill_cp.p8, 15 workloads, 2.95x (1.82x .. 4.70x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   11. 36 < total_seq_len <= 267 and num_seqs <= 12 and max_seq_len <= 40: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.60x (2.99x .. 13.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. 36 < total_seq_len <= 267 and num_seqs <= 12 and 40 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 4 workloads, 7.70x (4.77x .. 10.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. 181 < total_seq_len <= 267 and num_seqs > 12 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 2 workloads, 4.50x (3.53x .. 5.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   14. 181 < total_seq_len <= 267 and num_seqs > 12 and 16 < max_seq_len <= 42: cuda_prefill_staged.r64s4, 1 workloads, 5.53x (5.53x .. 5.53x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. 267 < total_seq_len <= 789 and num_seqs <= 32 and max_seq_len <= 38: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.94x (4.29x .. 5.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   16. 267 < total_seq_len <= 789 and num_seqs <= 32 and 38 < max_seq_len <= 495: cuda_prefill_staged.r64s4, 10 workloads, 4.93x (2.91x .. 8.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 267 < total_seq_len <= 789 and num_seqs > 32 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.70x (2.07x .. 3.17x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 267 < total_seq_len <= 789 and num_seqs > 32 and 8 < max_seq_len <= 495: cuda_prefill_staged.r64s4, 5 workloads, 3.28x (2.68x .. 4.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   19. 267 < total_seq_len <= 1254 and mean_seq_len > 852 and 495 < max_seq_len <= 2036: cuda_prefill_cp.p4, 1 workloads, 5.20x (5.20x .. 5.20x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct
-#   20. 267 < total_seq_len <= 2896 and num_seqs <= 22 and mean_seq_len <= 852 and 495 < max_seq_len <= 2036: cuda_prefill_staged.r32s4, 16 workloads, 5.43x (2.97x .. 8.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   21. total_seq_len > 267 and num_seqs > 22 and mean_seq_len <= 852 and 495 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 8 workloads, 2.64x (1.94x .. 3.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   22. 789 < total_seq_len <= 19714 and max_seq_len <= 495: cuda_prefill_staged.r64s4, 27 workloads, 3.32x (1.77x .. 8.90x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   23. 1254 < total_seq_len <= 5792 and mean_seq_len > 852 and 495 < max_seq_len <= 2036: cuda_prefill_staged.r32s4, 1 workloads, 5.64x (5.64x .. 5.64x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct
-#   24. total_seq_len > 2896 and num_seqs <= 22 and mean_seq_len <= 852 and 495 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 2 workloads, 2.48x (1.86x .. 3.30x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   25. total_seq_len > 5792 and mean_seq_len > 852 and 495 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 1 workloads, 4.52x (4.52x .. 4.52x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   26. 12405 < total_seq_len <= 15790 and mean_seq_len > 4557 and max_seq_len > 2036: cuda_prefill_cp.p4, 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p8; engine plugins keep the engine's kernel (`hand_back`)
-#   27. 15790 < total_seq_len <= 23170 and num_seqs <= 1 and max_seq_len > 2036: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4
-#   28. 15790 < total_seq_len <= 23170 and num_seqs > 1 and max_seq_len > 2036: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4
-#   29. total_seq_len > 19714 and max_seq_len <= 495: flashinfer_direct, 2 workloads, 1.33x (1.24x .. 1.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   30. total_seq_len > 23170 and 2036 < max_seq_len <= 32765: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
-#   31. total_seq_len > 23170 and max_seq_len > 32765: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 37 and num_seqs <= 8 and max_seq_len <= 64: cuda_prefill_pool_rows.k8c8, 17 workloads, 8.33x (5.86x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 107 and num_seqs <= 1 and 64 < max_seq_len <= 2036: cuda_prefill_pool_rows.k16c8, 1 workloads, 11.11x (11.11x .. 11.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 152 and num_seqs > 8 and 6 < max_seq_len <= 28: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.29x (3.15x .. 6.97x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   4. total_seq_len <= 267 and 1 < num_seqs <= 8 and 64 < max_seq_len <= 88: cuda_prefill_pool_rows.k8c8, 2 workloads, 5.62x (4.45x .. 7.09x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 267 and 1 < num_seqs <= 8 and 88 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 8 workloads, 6.48x (3.77x .. 11.06x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 267 and num_seqs > 8 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.61x (2.76x .. 6.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 267 and num_seqs > 8 and 28 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 6 workloads, 3.66x (2.60x .. 5.53x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
+#   8. total_seq_len <= 9101 and mean_seq_len > 6888 and max_seq_len > 2036: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
+#   9. total_seq_len <= 13277 and mean_seq_len <= 6888 and max_seq_len > 2036: cuda_prefill_cp.p8, 15 workloads, 2.95x (1.82x .. 4.70x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   10. 37 < total_seq_len <= 267 and num_seqs <= 8 and max_seq_len <= 39: cuda_prefill_pool_rows.k8c8, 5 workloads, 7.73x (4.63x .. 13.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. 37 < total_seq_len <= 267 and num_seqs <= 8 and 39 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 4 workloads, 7.70x (4.77x .. 10.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. 107 < total_seq_len <= 267 and num_seqs <= 1 and 64 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 2 workloads, 8.54x (7.75x .. 9.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. 152 < total_seq_len <= 267 and num_seqs > 8 and 6 < max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 2 workloads, 4.50x (3.53x .. 5.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   14. 267 < total_seq_len <= 23443 and num_seqs <= 90 and mean_seq_len > 4 and max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.34x (2.41x .. 5.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   15. 267 < total_seq_len <= 23443 and mean_seq_len <= 4 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.70x (2.07x .. 3.17x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. 267 < total_seq_len <= 23443 and mean_seq_len <= 4 and 11 < max_seq_len <= 16: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   17. 267 < total_seq_len <= 23443 and 16 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 69 workloads, 3.90x (1.77x .. 8.90x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   18. 267 < total_seq_len <= 23443 and num_seqs > 90 and mean_seq_len > 4 and max_seq_len <= 16: cuda_prefill_staged.r64s4, 1 workloads, 2.90x (2.90x .. 2.90x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   19. 9101 < total_seq_len <= 13277 and mean_seq_len > 6888 and max_seq_len > 2036: cuda_prefill_cp.p8, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   20. 13277 < total_seq_len <= 19483 and num_seqs <= 1 and max_seq_len > 2036: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4
+#   21. 13277 < total_seq_len <= 19483 and 1 < num_seqs <= 3 and max_seq_len > 2036: cuda_prefill_cp.p8, 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p4; engine plugins keep the engine's kernel (`hand_back`)
+#   22. 13277 < total_seq_len <= 19483 and num_seqs > 3 and max_seq_len > 2036: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4
+#   23. total_seq_len > 19483 and num_seqs <= 2 and 2036 < max_seq_len <= 23169: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4
+#   24. total_seq_len > 19483 and num_seqs <= 2 and max_seq_len > 23169: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 19483 and num_seqs > 2 and max_seq_len > 2036: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
+#   26. total_seq_len > 23443 and max_seq_len <= 355: cuda_prefill_staged.r64s4, 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 23443 and 355 < max_seq_len <= 724: flashinfer_direct, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 23443 and 724 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (None, 9), 'total_seq_len': (None, 14)}, 'workloads': 3, 'speedup': (7.66, 7.77, 7.84), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (9, 17), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (1.34, 1.34, 1.34), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (11, 504), 'num_seqs': (9, 17), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (1.17, 1.18, 1.19), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 17), 'num_seqs': (None, 9), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (6.86, 7.15, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (17, 795), 'num_seqs': (None, 9), 'total_seq_len': (None, 1448)}, 'workloads': 38, 'speedup': (1.71, 3.62, 6.23), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (504, 856), 'num_seqs': (9, 17), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (795, 1081), 'num_seqs': (None, 9), 'total_seq_len': (None, 2896)}, 'workloads': 4, 'speedup': (1.42, 1.65, 2.03), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (11, 45), 'num_seqs': (17, 45), 'total_seq_len': (None, 2896)}, 'workloads': 7, 'speedup': (1.07, 1.2, 1.42), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (None, 2), 'num_seqs': (17, None), 'total_seq_len': (None, 2896)}, 'workloads': 6, 'speedup': (1.61, 1.75, 2.24), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (9, None), 'mean_seq_len': (None, 2), 'num_seqs': (17, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.45, 1.5, 1.56), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 11), 'num_seqs': (17, None), 'total_seq_len': (None, 2896)}, 'workloads': 14, 'speedup': (1.1, 1.39, 1.55), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 316), 'mean_seq_len': (45, None), 'num_seqs': (17, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.06, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (316, 639), 'mean_seq_len': (45, None), 'num_seqs': (17, None), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 14, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (639, None), 'mean_seq_len': (45, None), 'num_seqs': (17, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 932), 'mean_seq_len': (11, 45), 'num_seqs': (45, None), 'total_seq_len': (None, 2896)}, 'workloads': 5, 'speedup': (1.08, 1.22, 1.32), 'fallbacks': ()},
-    {'region': 16, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (932, None), 'mean_seq_len': (11, 45), 'num_seqs': (45, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.4, 1.4, 1.4), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 17, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (856, None), 'num_seqs': (9, 17), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.06, 1.22, 1.4), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 18, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1081, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 6845)}, 'workloads': 5, 'speedup': (1.05, 1.25, 1.51), 'fallbacks': ()},
-    {'region': 19, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1081, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 6845)}, 'workloads': 6, 'speedup': (1.05, 1.39, 2.01), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 1)}, 'workloads': 1, 'speedup': (8.73, 8.73, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (1, 9)}, 'workloads': 1, 'speedup': (10.3, 10.3, 10.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (None, 9), 'total_seq_len': (14, None)}, 'workloads': 5, 'speedup': (1.68, 6.37, 9.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 504), 'num_seqs': (9, 17), 'total_seq_len': (90, 362)}, 'workloads': 6, 'speedup': (1.06, 1.11, 1.15), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 174), 'num_seqs': (9, 17), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (1.03, 1.04, 1.05), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (174, 504), 'num_seqs': (9, 17), 'total_seq_len': (362, 1448)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 174), 'num_seqs': (9, 17), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.08, 1.1, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (504, 856), 'num_seqs': (9, 17), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (7, 795), 'num_seqs': (None, 5), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (2.1, 2.44, 2.84), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (7, 795), 'num_seqs': (5, 9), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (4.29, 4.29, 4.29), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (174, 504), 'num_seqs': (9, 17), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (795, 1081), 'num_seqs': (None, 9), 'total_seq_len': (2896, 6845)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 32, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1659, 2712), 'num_seqs': (17, None), 'total_seq_len': (2896, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (316, 1659), 'mean_seq_len': (None, 22), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 316), 'mean_seq_len': (None, 45), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.22, 1.23, 1.25), 'fallbacks': ()},
-    {'region': 35, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2712, 3435), 'mean_seq_len': (None, 362), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 36, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (3435, None), 'mean_seq_len': (None, 724), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.44, 1.78, 2.02), 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (316, 1659), 'mean_seq_len': (22, None), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 316), 'mean_seq_len': (45, None), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2712, 3435), 'mean_seq_len': (362, None), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3435, 7152), 'mean_seq_len': (724, None), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 41, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (7152, None), 'mean_seq_len': (724, None), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (504, 4528), 'num_seqs': (9, 17), 'total_seq_len': (5792, 23170)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 43, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (9, 17), 'total_seq_len': (5792, 23170)}, 'workloads': 1, 'speedup': (2.03, 2.03, 2.03), 'fallbacks': ()},
-    {'region': 44, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1920, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 9), 'total_seq_len': (6845, None)}, 'workloads': 2, 'speedup': (1.17, 1.34, 1.54), 'fallbacks': ()},
-    {'region': 45, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (795, 1380), 'num_seqs': (None, 9), 'total_seq_len': (6845, None)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1380, 1920), 'num_seqs': (None, 9), 'total_seq_len': (6845, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 47, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1920, None), 'mean_seq_len': (1448, 2896), 'num_seqs': (None, 9), 'total_seq_len': (6845, None)}, 'workloads': 3, 'speedup': (1.13, 1.17, 1.2), 'fallbacks': (), 'hand_back': True},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1920, None), 'mean_seq_len': (2896, None), 'num_seqs': (None, 9), 'total_seq_len': (6845, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1659, 2712), 'num_seqs': (17, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (504, None), 'num_seqs': (9, 17), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (4, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 13)}, 'workloads': 1, 'speedup': (7.66, 7.66, 7.66), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 4), 'num_seqs': (None, 3), 'total_seq_len': (None, 79)}, 'workloads': 3, 'speedup': (7.82, 8.12, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 4), 'num_seqs': (3, None), 'total_seq_len': (None, 79)}, 'workloads': 11, 'speedup': (1.34, 4.72, 10.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (4, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 152)}, 'workloads': 10, 'speedup': (3.1, 4.16, 5.22), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 13), 'mean_seq_len': (None, 4), 'num_seqs': (None, 11), 'total_seq_len': (None, 152)}, 'workloads': 1, 'speedup': (7.1, 7.1, 7.1), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 4), 'num_seqs': (None, 11), 'total_seq_len': (None, 152)}, 'workloads': 1, 'speedup': (6.23, 6.23, 6.23), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (4, 9), 'num_seqs': (5, None), 'total_seq_len': (None, 152)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (4, 9), 'num_seqs': (5, None), 'total_seq_len': (None, 152)}, 'workloads': 2, 'speedup': (1.06, 1.1, 1.14), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (9, None), 'num_seqs': (5, None), 'total_seq_len': (None, 152)}, 'workloads': 1, 'speedup': (7.05, 7.05, 7.05), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (16, None), 'mean_seq_len': (9, None), 'num_seqs': (5, None), 'total_seq_len': (None, 152)}, 'workloads': 2, 'speedup': (4.6, 4.93, 5.27), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (None, 4), 'num_seqs': (11, None), 'total_seq_len': (None, 152)}, 'workloads': 3, 'speedup': (1.13, 1.24, 1.45), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (4, None), 'num_seqs': (None, 5), 'total_seq_len': (13, 152)}, 'workloads': 3, 'speedup': (5.55, 6.47, 7.11), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 4), 'total_seq_len': (79, 152)}, 'workloads': 2, 'speedup': (1.65, 1.65, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 11), 'mean_seq_len': (None, 4), 'total_seq_len': (79, 152)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (8, 136), 'num_seqs': (None, 22), 'total_seq_len': (152, 215)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 136), 'num_seqs': (22, None), 'total_seq_len': (152, 215)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (None, 90), 'total_seq_len': (152, 304)}, 'workloads': 1, 'speedup': (1.47, 1.47, 1.47), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (6, 8), 'num_seqs': (None, 90), 'total_seq_len': (152, 304)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (136, None), 'mean_seq_len': (None, 9), 'total_seq_len': (152, 929)}, 'workloads': 4, 'speedup': (1.24, 1.41, 1.56), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (136, None), 'mean_seq_len': (9, None), 'total_seq_len': (152, 929)}, 'workloads': 14, 'speedup': (1.1, 2.3, 4.06), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 8), 'mean_seq_len': (None, 2), 'num_seqs': (90, None), 'total_seq_len': (152, 929)}, 'workloads': 1, 'speedup': (1.61, 1.61, 1.61), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (90, None), 'total_seq_len': (152, 929)}, 'workloads': 1, 'speedup': (1.64, 1.64, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4, 8), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (152, 929)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 136), 'total_seq_len': (215, 929)}, 'workloads': 17, 'speedup': (1.03, 2.04, 5.33), 'fallbacks': ()},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (None, 90), 'total_seq_len': (304, 929)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 633), 'num_seqs': (None, 9), 'total_seq_len': (929, 1722)}, 'workloads': 6, 'speedup': (2.04, 2.85, 4.64), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8')},
+    {'region': 27, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (633, 795), 'num_seqs': (None, 9), 'total_seq_len': (929, 1722)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 28, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (795, 1081), 'num_seqs': (None, 9), 'total_seq_len': (929, 3444)}, 'workloads': 4, 'speedup': (1.42, 1.65, 2.03), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 29, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (756, 3435), 'num_seqs': (9, 39), 'total_seq_len': (929, 3444)}, 'workloads': 4, 'speedup': (1.06, 1.24, 1.45), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (164, 3435), 'num_seqs': (39, None), 'total_seq_len': (929, 3444)}, 'workloads': 4, 'speedup': (1.08, 1.17, 1.31), 'fallbacks': ()},
+    {'region': 31, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1081, None), 'num_seqs': (None, 2), 'total_seq_len': (929, 5756)}, 'workloads': 5, 'speedup': (1.05, 1.25, 1.51), 'fallbacks': ()},
+    {'region': 32, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1081, None), 'num_seqs': (2, 9), 'total_seq_len': (929, 5756)}, 'workloads': 6, 'speedup': (1.05, 1.39, 2.01), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 756), 'num_seqs': (9, 39), 'total_seq_len': (929, 6888)}, 'workloads': 9, 'speedup': (1.04, 1.09, 1.11), 'fallbacks': ()},
+    {'region': 34, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (3435, 5265), 'mean_seq_len': (None, 861), 'num_seqs': (9, None), 'total_seq_len': (929, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 35, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (5265, None), 'mean_seq_len': (None, 1217), 'num_seqs': (9, None), 'total_seq_len': (929, None)}, 'workloads': 4, 'speedup': (1.44, 1.84, 2.03), 'fallbacks': ()},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3435, 5265), 'mean_seq_len': (861, None), 'num_seqs': (9, None), 'total_seq_len': (929, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5265, 12872), 'mean_seq_len': (1217, None), 'num_seqs': (9, None), 'total_seq_len': (929, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 38, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (12872, None), 'mean_seq_len': (1217, None), 'num_seqs': (9, None), 'total_seq_len': (929, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 39, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 164), 'mean_seq_len': (None, 53), 'num_seqs': (39, None), 'total_seq_len': (929, None)}, 'workloads': 10, 'speedup': (1.17, 1.34, 1.52), 'fallbacks': ()},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 164), 'mean_seq_len': (53, None), 'num_seqs': (39, None), 'total_seq_len': (929, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 41, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 795), 'num_seqs': (None, 5), 'total_seq_len': (1722, 5756)}, 'workloads': 2, 'speedup': (2.1, 2.44, 2.84), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 795), 'num_seqs': (5, 9), 'total_seq_len': (1722, 5756)}, 'workloads': 1, 'speedup': (4.29, 4.29, 4.29), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8')},
+    {'region': 43, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (795, 1081), 'num_seqs': (None, 9), 'total_seq_len': (3444, 5756)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (756, 3435), 'num_seqs': (9, 39), 'total_seq_len': (3444, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 45, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (295, 3435), 'mean_seq_len': (None, 53), 'num_seqs': (39, None), 'total_seq_len': (3444, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 46, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (164, 295), 'mean_seq_len': (None, 75), 'num_seqs': (39, None), 'total_seq_len': (3444, None)}, 'workloads': 1, 'speedup': (1.22, 1.22, 1.22), 'fallbacks': (), 'hand_back': True},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (295, 3435), 'mean_seq_len': (53, None), 'num_seqs': (39, None), 'total_seq_len': (3444, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (164, 295), 'mean_seq_len': (75, None), 'num_seqs': (39, None), 'total_seq_len': (3444, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 49, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1340, 1920), 'num_seqs': (None, 9), 'total_seq_len': (5756, 6888)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 50, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1920, 4528), 'mean_seq_len': (None, 1217), 'num_seqs': (None, 9), 'total_seq_len': (5756, None)}, 'workloads': 1, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': ()},
+    {'region': 51, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (None, 1722), 'num_seqs': (None, 9), 'total_seq_len': (5756, None)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ()},
+    {'region': 52, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1340), 'num_seqs': (None, 9), 'total_seq_len': (5756, None)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 53, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1920, 4528), 'mean_seq_len': (1217, None), 'num_seqs': (None, 9), 'total_seq_len': (5756, None)}, 'workloads': 1, 'speedup': (1.47, 1.47, 1.47), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8'), 'hand_back': True},
+    {'region': 54, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (1722, 2435), 'num_seqs': (None, 9), 'total_seq_len': (5756, None)}, 'workloads': 2, 'speedup': (1.19, 1.19, 1.2), 'fallbacks': (), 'hand_back': True},
+    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (2435, None), 'num_seqs': (None, 9), 'total_seq_len': (5756, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 56, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1340, 1920), 'num_seqs': (None, 9), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 756), 'num_seqs': (9, 39), 'total_seq_len': (6888, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 26), 'num_seqs': (None, 12), 'total_seq_len': (None, 36)}, 'workloads': 15, 'speedup': (6.2, 8.52, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (26, 64), 'num_seqs': (None, 12), 'total_seq_len': (None, 36)}, 'workloads': 2, 'speedup': (7.36, 8.42, 9.63), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, 16), 'num_seqs': (12, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.15, 3.65, 4.22), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (16, 42), 'num_seqs': (12, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (3.54, 3.54, 3.54), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (64, 98), 'num_seqs': (None, 12), 'total_seq_len': (None, 267)}, 'workloads': 3, 'speedup': (4.45, 6.93, 10.53), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (98, 2036), 'num_seqs': (None, 12), 'total_seq_len': (None, 267)}, 'workloads': 10, 'speedup': (3.77, 6.85, 11.06), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (12, None), 'total_seq_len': (None, 267)}, 'workloads': 6, 'speedup': (2.76, 4.22, 7.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (42, 2036), 'num_seqs': (12, None), 'total_seq_len': (None, 267)}, 'workloads': 5, 'speedup': (2.6, 3.36, 4.49), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2036, None), 'mean_seq_len': (4557, None), 'total_seq_len': (None, 12405)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, None), 'mean_seq_len': (None, 4557), 'total_seq_len': (None, 15790)}, 'workloads': 15, 'speedup': (1.82, 2.95, 4.7), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 40), 'num_seqs': (None, 12), 'total_seq_len': (36, 267)}, 'workloads': 6, 'speedup': (2.99, 6.6, 13.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (40, 64), 'num_seqs': (None, 12), 'total_seq_len': (36, 267)}, 'workloads': 4, 'speedup': (4.77, 7.7, 10.66), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 16), 'num_seqs': (12, None), 'total_seq_len': (181, 267)}, 'workloads': 2, 'speedup': (3.53, 4.5, 5.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 42), 'num_seqs': (12, None), 'total_seq_len': (181, 267)}, 'workloads': 1, 'speedup': (5.53, 5.53, 5.53), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 38), 'num_seqs': (None, 32), 'total_seq_len': (267, 789)}, 'workloads': 3, 'speedup': (4.29, 4.94, 5.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (38, 495), 'num_seqs': (None, 32), 'total_seq_len': (267, 789)}, 'workloads': 10, 'speedup': (2.91, 4.93, 8.48), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (32, None), 'total_seq_len': (267, 789)}, 'workloads': 3, 'speedup': (2.07, 2.7, 3.17), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 495), 'num_seqs': (32, None), 'total_seq_len': (267, 789)}, 'workloads': 5, 'speedup': (2.68, 3.28, 4.18), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 19, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (495, 2036), 'mean_seq_len': (852, None), 'total_seq_len': (267, 1254)}, 'workloads': 1, 'speedup': (5.2, 5.2, 5.2), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 2036), 'mean_seq_len': (None, 852), 'num_seqs': (None, 22), 'total_seq_len': (267, 2896)}, 'workloads': 16, 'speedup': (2.97, 5.43, 8.16), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (495, 2036), 'mean_seq_len': (None, 852), 'num_seqs': (22, None), 'total_seq_len': (267, None)}, 'workloads': 8, 'speedup': (1.94, 2.64, 3.39), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 495), 'total_seq_len': (789, 19714)}, 'workloads': 27, 'speedup': (1.77, 3.32, 8.9), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 2036), 'mean_seq_len': (852, None), 'total_seq_len': (1254, 5792)}, 'workloads': 1, 'speedup': (5.64, 5.64, 5.64), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (495, 2036), 'mean_seq_len': (None, 852), 'num_seqs': (None, 22), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.86, 2.48, 3.3), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (495, 2036), 'mean_seq_len': (852, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (4.52, 4.52, 4.52), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (2036, None), 'mean_seq_len': (4557, None), 'total_seq_len': (12405, 15790)}, 'workloads': 1, 'speedup': (2.03, 2.03, 2.03), 'fallbacks': ('cuda_prefill_cp.p8',), 'hand_back': True},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2036, None), 'num_seqs': (None, 1), 'total_seq_len': (15790, 23170)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4')},
-    {'region': 28, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, None), 'num_seqs': (1, None), 'total_seq_len': (15790, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 495), 'total_seq_len': (19714, None)}, 'workloads': 2, 'speedup': (1.24, 1.33, 1.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 30, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, 32765), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32765, None), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 64), 'num_seqs': (None, 8), 'total_seq_len': (None, 37)}, 'workloads': 17, 'speedup': (5.86, 8.33, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (64, 2036), 'num_seqs': (None, 1), 'total_seq_len': (None, 107)}, 'workloads': 1, 'speedup': (11.11, 11.11, 11.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 28), 'num_seqs': (8, None), 'total_seq_len': (None, 152)}, 'workloads': 4, 'speedup': (3.15, 4.29, 6.97), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (64, 88), 'num_seqs': (1, 8), 'total_seq_len': (None, 267)}, 'workloads': 2, 'speedup': (4.45, 5.62, 7.09), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (88, 2036), 'num_seqs': (1, 8), 'total_seq_len': (None, 267)}, 'workloads': 8, 'speedup': (3.77, 6.48, 11.06), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (8, None), 'total_seq_len': (None, 267)}, 'workloads': 6, 'speedup': (2.76, 3.61, 6.12), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (28, 2036), 'num_seqs': (8, None), 'total_seq_len': (None, 267)}, 'workloads': 6, 'speedup': (2.6, 3.66, 5.53), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2036, None), 'mean_seq_len': (6888, None), 'total_seq_len': (None, 9101)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
+    {'region': 9, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, None), 'mean_seq_len': (None, 6888), 'total_seq_len': (None, 13277)}, 'workloads': 15, 'speedup': (1.82, 2.95, 4.7), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 39), 'num_seqs': (None, 8), 'total_seq_len': (37, 267)}, 'workloads': 5, 'speedup': (4.63, 7.73, 13.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (39, 64), 'num_seqs': (None, 8), 'total_seq_len': (37, 267)}, 'workloads': 4, 'speedup': (4.77, 7.7, 10.66), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (64, 2036), 'num_seqs': (None, 1), 'total_seq_len': (107, 267)}, 'workloads': 2, 'speedup': (7.75, 8.54, 9.41), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (6, 28), 'num_seqs': (8, None), 'total_seq_len': (152, 267)}, 'workloads': 2, 'speedup': (3.53, 4.5, 5.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (4, None), 'num_seqs': (None, 90), 'total_seq_len': (267, 23443)}, 'workloads': 4, 'speedup': (2.41, 3.34, 5.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 4), 'total_seq_len': (267, 23443)}, 'workloads': 3, 'speedup': (2.07, 2.7, 3.17), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 16), 'mean_seq_len': (None, 4), 'total_seq_len': (267, 23443)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 2036), 'total_seq_len': (267, 23443)}, 'workloads': 69, 'speedup': (1.77, 3.9, 8.9), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (4, None), 'num_seqs': (90, None), 'total_seq_len': (267, 23443)}, 'workloads': 1, 'speedup': (2.9, 2.9, 2.9), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, None), 'mean_seq_len': (6888, None), 'total_seq_len': (9101, 13277)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2036, None), 'num_seqs': (None, 1), 'total_seq_len': (13277, 19483)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4')},
+    {'region': 21, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, None), 'num_seqs': (1, 3), 'total_seq_len': (13277, 19483)}, 'workloads': 1, 'speedup': (2.03, 2.03, 2.03), 'fallbacks': ('cuda_prefill_cp.p4',), 'hand_back': True},
+    {'region': 22, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, None), 'num_seqs': (3, None), 'total_seq_len': (13277, 19483)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 23, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, 23169), 'num_seqs': (None, 2), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23169, None), 'num_seqs': (None, 2), 'total_seq_len': (19483, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, None), 'num_seqs': (2, None), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 355), 'total_seq_len': (23443, None)}, 'workloads': 1, 'speedup': (1.3, 1.3, 1.3), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (355, 724), 'total_seq_len': (23443, None)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (724, 2036), 'total_seq_len': (23443, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -377,252 +385,273 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 7.77x (7.66x .. 7.84x) over vllm_flashinfer_prefill
-    if total_seq_len <= 14 and num_seqs <= 9 and 2 < max_seq_len <= 7:
+    # region 1: 1 workloads, 7.66x (7.66x .. 7.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 13 and num_seqs <= 5 and mean_seq_len > 4 and max_seq_len <= 23:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 3 workloads, 8.12x (7.82x .. 8.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 79 and num_seqs <= 3 and mean_seq_len <= 4 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and 9 < num_seqs <= 17 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 2 workloads, 1.18x (1.17x .. 1.19x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and 9 < num_seqs <= 17 and 11 < max_seq_len <= 504:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 4: 6 workloads, 7.15x (6.86x .. 7.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs <= 9 and 7 < max_seq_len <= 17:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 38 workloads, 3.62x (1.71x .. 6.23x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs <= 9 and 17 < max_seq_len <= 795:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1448 and 9 < num_seqs <= 17 and 504 < max_seq_len <= 856:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p8'
-    # region 7: 4 workloads, 1.65x (1.42x .. 2.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs <= 9 and 795 < max_seq_len <= 1081:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
-    # region 8: 7 workloads, 1.20x (1.07x .. 1.42x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and 17 < num_seqs <= 45 and 11 < mean_seq_len <= 45:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 6 workloads, 1.75x (1.61x .. 2.24x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len <= 2 and max_seq_len <= 9:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 2 workloads, 1.50x (1.45x .. 1.56x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len <= 2 and max_seq_len > 9:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 14 workloads, 1.39x (1.10x .. 1.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 17 and 2 < mean_seq_len <= 11:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 45 and max_seq_len <= 316:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 45 and 316 < max_seq_len <= 639:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 45 and max_seq_len > 639:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p8'
-    # region 15: 5 workloads, 1.22x (1.08x .. 1.32x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 45 and 11 < mean_seq_len <= 45 and max_seq_len <= 932:
-        return 'cuda_prefill_staged.r64s4'
-    # region 16: 1 workloads, 1.40x (1.40x .. 1.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 45 and 11 < mean_seq_len <= 45 and max_seq_len > 932:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_cp.p8'
-    # region 17: 2 workloads, 1.22x (1.06x .. 1.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and 9 < num_seqs <= 17 and max_seq_len > 856:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 18: 5 workloads, 1.25x (1.05x .. 1.51x) over vllm_flashinfer_prefill
-    if total_seq_len <= 6845 and num_seqs <= 2 and max_seq_len > 1081:
-        return 'cuda_prefill_cp.p4'
-    # region 19: 6 workloads, 1.39x (1.05x .. 2.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 6845 and 2 < num_seqs <= 9 and max_seq_len > 1081:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 20: 1 workloads, 8.73x (8.73x .. 8.73x) over vllm_flashinfer_prefill
-    if num_seqs <= 1 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 21: 1 workloads, 10.30x (10.30x .. 10.30x) over vllm_flashinfer_prefill
-    if 1 < num_seqs <= 9 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 22: 5 workloads, 6.37x (1.68x .. 9.45x) over vllm_flashinfer_prefill
-    if total_seq_len > 14 and num_seqs <= 9 and 2 < max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 23: 6 workloads, 1.11x (1.06x .. 1.15x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 362 and 9 < num_seqs <= 17 and max_seq_len <= 504:
+    # region 3: 11 workloads, 4.72x (1.34x .. 10.30x) over vllm_flashinfer_prefill
+    if total_seq_len <= 79 and num_seqs > 3 and mean_seq_len <= 4 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 10 workloads, 4.16x (3.10x .. 5.22x) over vllm_flashinfer_prefill
+    if total_seq_len <= 152 and num_seqs <= 5 and mean_seq_len > 4 and max_seq_len > 23:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 5: 1 workloads, 7.10x (7.10x .. 7.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 152 and num_seqs <= 11 and mean_seq_len <= 4 and 11 < max_seq_len <= 13:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 1 workloads, 6.23x (6.23x .. 6.23x) over vllm_flashinfer_prefill
+    if total_seq_len <= 152 and num_seqs <= 11 and mean_seq_len <= 4 and max_seq_len > 13:
+        return ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_staged.r32s4'
+    # region 7: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 152 and num_seqs > 5 and 4 < mean_seq_len <= 9 and max_seq_len <= 11:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
+    # region 8: 2 workloads, 1.10x (1.06x .. 1.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 152 and num_seqs > 5 and 4 < mean_seq_len <= 9 and max_seq_len > 11:
         return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 24: 2 workloads, 1.04x (1.03x .. 1.05x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 724 and 9 < num_seqs <= 17 and max_seq_len <= 174:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 1448 and 9 < num_seqs <= 17 and 174 < max_seq_len <= 504:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 26: 3 workloads, 1.10x (1.08x .. 1.11x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and 9 < num_seqs <= 17 and max_seq_len <= 174:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 27: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 5792 and 9 < num_seqs <= 17 and 504 < max_seq_len <= 856:
-        return 'flashinfer_direct'
-    # region 28: 2 workloads, 2.44x (2.10x .. 2.84x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs <= 5 and 7 < max_seq_len <= 795:
+    # region 9: 1 workloads, 7.05x (7.05x .. 7.05x) over vllm_flashinfer_prefill
+    if total_seq_len <= 152 and num_seqs > 5 and mean_seq_len > 9 and max_seq_len <= 16:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 10: 2 workloads, 4.93x (4.60x .. 5.27x) over vllm_flashinfer_prefill
+    if total_seq_len <= 152 and num_seqs > 5 and mean_seq_len > 9 and max_seq_len > 16:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 11: 3 workloads, 1.24x (1.13x .. 1.45x) over vllm_flashinfer_prefill
+    if total_seq_len <= 152 and num_seqs > 11 and mean_seq_len <= 4 and max_seq_len > 11:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 3 workloads, 6.47x (5.55x .. 7.11x) over vllm_flashinfer_prefill
+    if 13 < total_seq_len <= 152 and num_seqs <= 5 and mean_seq_len > 4 and max_seq_len <= 23:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 13: 2 workloads, 1.65x (1.65x .. 1.66x) over vllm_flashinfer_prefill
+    if 79 < total_seq_len <= 152 and mean_seq_len <= 4 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    if 79 < total_seq_len <= 152 and mean_seq_len <= 4 and 8 < max_seq_len <= 11:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if 152 < total_seq_len <= 215 and num_seqs <= 22 and 8 < max_seq_len <= 136:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if 152 < total_seq_len <= 215 and num_seqs > 22 and 8 < max_seq_len <= 136:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill
+    if 152 < total_seq_len <= 304 and num_seqs <= 90 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if 152 < total_seq_len <= 304 and num_seqs <= 90 and 6 < max_seq_len <= 8:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 4 workloads, 1.41x (1.24x .. 1.56x) over vllm_flashinfer_prefill
+    if 152 < total_seq_len <= 929 and mean_seq_len <= 9 and max_seq_len > 136:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 20: 14 workloads, 2.30x (1.10x .. 4.06x) over vllm_flashinfer_prefill
+    if 152 < total_seq_len <= 929 and mean_seq_len > 9 and max_seq_len > 136:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 21: 1 workloads, 1.61x (1.61x .. 1.61x) over vllm_flashinfer_prefill
+    if 152 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len <= 2 and 4 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 22: 1 workloads, 1.64x (1.64x .. 1.64x) over vllm_flashinfer_prefill
+    if 152 < total_seq_len <= 929 and num_seqs > 90 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if 152 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len > 2 and 4 < max_seq_len <= 8:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_staged.r64s4'
+    # region 24: 17 workloads, 2.04x (1.03x .. 5.33x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 929 and 8 < max_seq_len <= 136:
+        return 'cuda_prefill_staged.r64s4'
+    # region 25: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill
+    if 304 < total_seq_len <= 929 and num_seqs <= 90 and max_seq_len <= 8:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 6 workloads, 2.85x (2.04x .. 4.64x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 1722 and num_seqs <= 9 and max_seq_len <= 633:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_staged.r32s4'
-    # region 29: 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and 5 < num_seqs <= 9 and 7 < max_seq_len <= 795:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 30: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and 9 < num_seqs <= 17 and 174 < max_seq_len <= 504:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 6845 and num_seqs <= 9 and 795 < max_seq_len <= 1081:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'flashinfer_direct'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 11585 and num_seqs > 17 and 1659 < max_seq_len <= 2712:
-        return 'cuda_prefill_cp.p8'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs > 17 and mean_seq_len <= 22 and 316 < max_seq_len <= 1659:
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if 929 < total_seq_len <= 1722 and num_seqs <= 9 and 633 < max_seq_len <= 795:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
+    # region 28: 4 workloads, 1.65x (1.42x .. 2.03x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 3444 and num_seqs <= 9 and 795 < max_seq_len <= 1081:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
+    # region 29: 4 workloads, 1.24x (1.06x .. 1.45x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 3444 and 9 < num_seqs <= 39 and 756 < max_seq_len <= 3435:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 30: 4 workloads, 1.17x (1.08x .. 1.31x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 3444 and num_seqs > 39 and 164 < max_seq_len <= 3435:
         return 'cuda_prefill_staged.r64s4'
-    # region 34: 3 workloads, 1.23x (1.22x .. 1.25x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs > 17 and mean_seq_len <= 45 and max_seq_len <= 316:
+    # region 31: 5 workloads, 1.25x (1.05x .. 1.51x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 5756 and num_seqs <= 2 and max_seq_len > 1081:
+        return 'cuda_prefill_cp.p4'
+    # region 32: 6 workloads, 1.39x (1.05x .. 2.01x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 5756 and 2 < num_seqs <= 9 and max_seq_len > 1081:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 33: 9 workloads, 1.09x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 6888 and 9 < num_seqs <= 39 and max_seq_len <= 756:
+        return 'flashinfer_direct'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 929 and num_seqs > 9 and mean_seq_len <= 861 and 3435 < max_seq_len <= 5265:
+        return 'cuda_prefill_cp.p8'
+    # region 35: 4 workloads, 1.84x (1.44x .. 2.03x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and num_seqs > 9 and mean_seq_len <= 1217 and max_seq_len > 5265:
+        return 'cuda_prefill_cp.p8'
+    # region 38: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 929 and num_seqs > 9 and mean_seq_len > 1217 and max_seq_len > 12872:
+        return 'cuda_prefill_cp.p8'
+    # region 39: 10 workloads, 1.34x (1.17x .. 1.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and num_seqs > 39 and mean_seq_len <= 53 and max_seq_len <= 164:
         return 'cuda_prefill_staged.r64s4'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs > 17 and mean_seq_len <= 362 and 2712 < max_seq_len <= 3435:
-        return 'cuda_prefill_cp.p8'
-    # region 36: 3 workloads, 1.78x (1.44x .. 2.02x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs > 17 and mean_seq_len <= 724 and max_seq_len > 3435:
-        return 'cuda_prefill_cp.p8'
-    # region 37: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 22 and 316 < max_seq_len <= 1659:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 45 and max_seq_len <= 316:
+    # region 40: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 929 and num_seqs > 39 and mean_seq_len > 53 and max_seq_len <= 164:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs > 17 and mean_seq_len > 724 and max_seq_len > 7152:
+    # region 41: 2 workloads, 2.44x (2.10x .. 2.84x) over vllm_flashinfer_prefill
+    if 1722 < total_seq_len <= 5756 and num_seqs <= 5 and max_seq_len <= 795:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_staged.r32s4'
+    # region 42: 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill
+    if 1722 < total_seq_len <= 5756 and 5 < num_seqs <= 9 and max_seq_len <= 795:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
+    if 3444 < total_seq_len <= 5756 and num_seqs <= 9 and 795 < max_seq_len <= 1081:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'flashinfer_direct'
+    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3444 and 9 < num_seqs <= 39 and 756 < max_seq_len <= 3435:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 45: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 3444 and num_seqs > 39 and mean_seq_len <= 53 and 295 < max_seq_len <= 3435:
+        return 'cuda_prefill_staged.r64s4'
+    # region 46: 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 3444 and num_seqs > 39 and mean_seq_len <= 75 and 164 < max_seq_len <= 295:
+        return 'cuda_prefill_staged.r64s4'
+    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3444 and num_seqs > 39 and mean_seq_len > 53 and 295 < max_seq_len <= 3435:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 49: 0 workloads, by estimated times (no measured workload in it)
+    if 5756 < total_seq_len <= 6888 and num_seqs <= 9 and 1340 < max_seq_len <= 1920:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 50: 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len <= 1217 and 1920 < max_seq_len <= 4528:
         return 'cuda_prefill_cp.p8'
-    # region 42: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 5792 < total_seq_len <= 23170 and 9 < num_seqs <= 17 and 504 < max_seq_len <= 4528:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill
-    if 5792 < total_seq_len <= 23170 and 9 < num_seqs <= 17 and max_seq_len > 4528:
+    # region 51: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
+    if total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len <= 1722 and max_seq_len > 4528:
         return 'cuda_prefill_cp.p8'
-    # region 44: 2 workloads, 1.34x (1.17x .. 1.54x) over vllm_flashinfer_prefill
-    if total_seq_len > 6845 and num_seqs <= 9 and mean_seq_len <= 1448 and max_seq_len > 1920:
-        return 'cuda_prefill_cp.p8'
-    # region 45: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
-    if total_seq_len > 6845 and num_seqs <= 9 and 795 < max_seq_len <= 1380:
+    # region 52: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
+    if total_seq_len > 5756 and num_seqs <= 9 and max_seq_len <= 1340:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 47: 3 workloads, 1.17x (1.13x .. 1.20x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 6845 and num_seqs <= 9 and 1448 < mean_seq_len <= 2896 and max_seq_len > 1920:
+    # region 53: 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len > 1217 and 1920 < max_seq_len <= 4528:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_staged.r32s4'
+    # region 54: 2 workloads, 1.19x (1.19x .. 1.20x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 5756 and num_seqs <= 9 and 1722 < mean_seq_len <= 2435 and max_seq_len > 4528:
         return 'cuda_prefill_cp.p8'
-    # region 48: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 6845 and num_seqs <= 9 and mean_seq_len > 2896 and max_seq_len > 1920:
+    # region 55: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len > 2435 and max_seq_len > 4528:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
+    # region 57: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6888 and 9 < num_seqs <= 39 and max_seq_len <= 756:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 15 workloads, 8.52x (6.20x .. 15.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 36 and num_seqs <= 12 and max_seq_len <= 26:
+    # region 1: 17 workloads, 8.33x (5.86x .. 15.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 37 and num_seqs <= 8 and max_seq_len <= 64:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 2 workloads, 8.42x (7.36x .. 9.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 36 and num_seqs <= 12 and 26 < max_seq_len <= 64:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 3: 2 workloads, 3.65x (3.15x .. 4.22x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 12 and 8 < max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 1 workloads, 3.54x (3.54x .. 3.54x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 12 and 16 < max_seq_len <= 42:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 3 workloads, 6.93x (4.45x .. 10.53x) over vllm_flashinfer_prefill
-    if total_seq_len <= 267 and num_seqs <= 12 and 64 < max_seq_len <= 98:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 10 workloads, 6.85x (3.77x .. 11.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 267 and num_seqs <= 12 and 98 < max_seq_len <= 2036:
+    # region 2: 1 workloads, 11.11x (11.11x .. 11.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 107 and num_seqs <= 1 and 64 < max_seq_len <= 2036:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 4 workloads, 4.29x (3.15x .. 6.97x) over vllm_flashinfer_prefill
+    if total_seq_len <= 152 and num_seqs > 8 and 6 < max_seq_len <= 28:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 2 workloads, 5.62x (4.45x .. 7.09x) over vllm_flashinfer_prefill
+    if total_seq_len <= 267 and 1 < num_seqs <= 8 and 64 < max_seq_len <= 88:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 8 workloads, 6.48x (3.77x .. 11.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 267 and 1 < num_seqs <= 8 and 88 < max_seq_len <= 2036:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 6 workloads, 4.22x (2.76x .. 7.25x) over vllm_flashinfer_prefill
-    if total_seq_len <= 267 and num_seqs > 12 and max_seq_len <= 8:
+    # region 6: 6 workloads, 3.61x (2.76x .. 6.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 267 and num_seqs > 8 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 5 workloads, 3.36x (2.60x .. 4.49x) over vllm_flashinfer_prefill
-    if total_seq_len <= 267 and num_seqs > 12 and 42 < max_seq_len <= 2036:
+    # region 7: 6 workloads, 3.66x (2.60x .. 5.53x) over vllm_flashinfer_prefill
+    if total_seq_len <= 267 and num_seqs > 8 and 28 < max_seq_len <= 2036:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 12405 and mean_seq_len > 4557 and max_seq_len > 2036:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 15 workloads, 2.95x (1.82x .. 4.70x) over vllm_flashinfer_prefill
-    if total_seq_len <= 15790 and mean_seq_len <= 4557 and max_seq_len > 2036:
+    # region 8: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 9101 and mean_seq_len > 6888 and max_seq_len > 2036:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 15 workloads, 2.95x (1.82x .. 4.70x) over vllm_flashinfer_prefill
+    if total_seq_len <= 13277 and mean_seq_len <= 6888 and max_seq_len > 2036:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 11: 6 workloads, 6.60x (2.99x .. 13.03x) over vllm_flashinfer_prefill
-    if 36 < total_seq_len <= 267 and num_seqs <= 12 and max_seq_len <= 40:
+    # region 10: 5 workloads, 7.73x (4.63x .. 13.03x) over vllm_flashinfer_prefill
+    if 37 < total_seq_len <= 267 and num_seqs <= 8 and max_seq_len <= 39:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 12: 4 workloads, 7.70x (4.77x .. 10.66x) over vllm_flashinfer_prefill
-    if 36 < total_seq_len <= 267 and num_seqs <= 12 and 40 < max_seq_len <= 64:
+    # region 11: 4 workloads, 7.70x (4.77x .. 10.66x) over vllm_flashinfer_prefill
+    if 37 < total_seq_len <= 267 and num_seqs <= 8 and 39 < max_seq_len <= 64:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 2 workloads, 8.54x (7.75x .. 9.41x) over vllm_flashinfer_prefill
+    if 107 < total_seq_len <= 267 and num_seqs <= 1 and 64 < max_seq_len <= 2036:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     # region 13: 2 workloads, 4.50x (3.53x .. 5.73x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 267 and num_seqs > 12 and 8 < max_seq_len <= 16:
+    if 152 < total_seq_len <= 267 and num_seqs > 8 and 6 < max_seq_len <= 28:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 1 workloads, 5.53x (5.53x .. 5.53x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 267 and num_seqs > 12 and 16 < max_seq_len <= 42:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 3 workloads, 4.94x (4.29x .. 5.98x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 789 and num_seqs <= 32 and max_seq_len <= 38:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 10 workloads, 4.93x (2.91x .. 8.48x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 789 and num_seqs <= 32 and 38 < max_seq_len <= 495:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 3 workloads, 2.70x (2.07x .. 3.17x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 789 and num_seqs > 32 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 5 workloads, 3.28x (2.68x .. 4.18x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 789 and num_seqs > 32 and 8 < max_seq_len <= 495:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 1 workloads, 5.20x (5.20x .. 5.20x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 1254 and mean_seq_len > 852 and 495 < max_seq_len <= 2036:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
-    # region 20: 16 workloads, 5.43x (2.97x .. 8.16x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 2896 and num_seqs <= 22 and mean_seq_len <= 852 and 495 < max_seq_len <= 2036:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 21: 8 workloads, 2.64x (1.94x .. 3.39x) over vllm_flashinfer_prefill
-    if total_seq_len > 267 and num_seqs > 22 and mean_seq_len <= 852 and 495 < max_seq_len <= 2036:
+    # region 14: 4 workloads, 3.34x (2.41x .. 5.98x) over vllm_flashinfer_prefill
+    if 267 < total_seq_len <= 23443 and num_seqs <= 90 and mean_seq_len > 4 and max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 3 workloads, 2.70x (2.07x .. 3.17x) over vllm_flashinfer_prefill
+    if 267 < total_seq_len <= 23443 and mean_seq_len <= 4 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if 267 < total_seq_len <= 23443 and mean_seq_len <= 4 and 11 < max_seq_len <= 16:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 69 workloads, 3.90x (1.77x .. 8.90x) over vllm_flashinfer_prefill
+    if 267 < total_seq_len <= 23443 and 16 < max_seq_len <= 2036:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 27 workloads, 3.32x (1.77x .. 8.90x) over vllm_flashinfer_prefill
-    if 789 < total_seq_len <= 19714 and max_seq_len <= 495:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 1 workloads, 5.64x (5.64x .. 5.64x) over vllm_flashinfer_prefill
-    if 1254 < total_seq_len <= 5792 and mean_seq_len > 852 and 495 < max_seq_len <= 2036:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 24: 2 workloads, 2.48x (1.86x .. 3.30x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs <= 22 and mean_seq_len <= 852 and 495 < max_seq_len <= 2036:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 1 workloads, 4.52x (4.52x .. 4.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and mean_seq_len > 852 and 495 < max_seq_len <= 2036:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill's guarded call
-    if 12405 < total_seq_len <= 15790 and mean_seq_len > 4557 and max_seq_len > 2036:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
-    # region 27: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 15790 < total_seq_len <= 23170 and num_seqs <= 1 and max_seq_len > 2036:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if 15790 < total_seq_len <= 23170 and num_seqs > 1 and max_seq_len > 2036:
+    # region 18: 1 workloads, 2.90x (2.90x .. 2.90x) over vllm_flashinfer_prefill
+    if 267 < total_seq_len <= 23443 and num_seqs > 90 and mean_seq_len > 4 and max_seq_len <= 16:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
+    if 9101 < total_seq_len <= 13277 and mean_seq_len > 6888 and max_seq_len > 2036:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 29: 2 workloads, 1.33x (1.24x .. 1.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 19714 and max_seq_len <= 495:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and 2036 < max_seq_len <= 32765:
-        return 'cuda_prefill_cp.p8'
-    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 23170 and max_seq_len > 32765:
+    # region 20: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 13277 < total_seq_len <= 19483 and num_seqs <= 1 and max_seq_len > 2036:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4') if inside else 'vllm_flashinfer_prefill'
+    # region 21: 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill's guarded call
+    if 13277 < total_seq_len <= 19483 and 1 < num_seqs <= 3 and max_seq_len > 2036:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if 13277 < total_seq_len <= 19483 and num_seqs > 3 and max_seq_len > 2036:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 19483 and num_seqs <= 2 and 2036 < max_seq_len <= 23169:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 24: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 19483 and num_seqs <= 2 and max_seq_len > 23169:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 19483 and num_seqs > 2 and max_seq_len > 2036:
+        return 'cuda_prefill_cp.p8'
+    # region 26: 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill
+    if total_seq_len > 23443 and max_seq_len <= 355:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 27: 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
+    if total_seq_len > 23443 and 355 < max_seq_len <= 724:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23443 and 724 < max_seq_len <= 2036:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len > 6845 and num_seqs <= 9 and 1448 < mean_seq_len <= 2896 and max_seq_len > 1920:  # region 47
+    if total_seq_len > 3444 and num_seqs > 39 and mean_seq_len <= 53 and 295 < max_seq_len <= 3435:  # region 45
+        return True
+    if total_seq_len > 3444 and num_seqs > 39 and mean_seq_len <= 75 and 164 < max_seq_len <= 295:  # region 46
+        return True
+    if total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len > 1217 and 1920 < max_seq_len <= 4528:  # region 53
+        return True
+    if total_seq_len > 5756 and num_seqs <= 9 and 1722 < mean_seq_len <= 2435 and max_seq_len > 4528:  # region 54
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 12405 < total_seq_len <= 15790 and mean_seq_len > 4557 and max_seq_len > 2036:  # region 26
+    if 13277 < total_seq_len <= 19483 and 1 < num_seqs <= 3 and max_seq_len > 2036:  # region 21
         return True
     return False

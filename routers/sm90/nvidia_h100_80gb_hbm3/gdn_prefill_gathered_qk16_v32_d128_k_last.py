@@ -148,171 +148,183 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2219 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 4424 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.97% mean, 19.62% max;
-#             1.088x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.55% mean, 83.92% max;
-#             1.199x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.65% mean, 40.52% max;
+#             1.087x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 9.89% mean, 83.92% max;
+#             1.209x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len <= 19: triton_prefill_fused.c16v32, 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.20x (1.24x .. 8.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len > 19: triton_prefill_fused.c16v32, 1 workloads, 4.76x (4.76x .. 4.76x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   4. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   5. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and 8 < max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.28x (1.17x .. 1.39x) over vllm_flashinfer_prefill
-#   6. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.29x (1.17x .. 1.36x) over vllm_flashinfer_prefill
-#   7. total_seq_len <= 362 and num_seqs > 8 and 5 < mean_seq_len <= 11 and 8 < max_seq_len <= 56: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   8. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 11 and 8 < max_seq_len <= 26: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   9. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 11 and 26 < max_seq_len <= 56: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   10. num_seqs > 8 and mean_seq_len <= 2 and max_seq_len > 56: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.33x (1.30x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   11. num_seqs > 8 and mean_seq_len > 2 and max_seq_len > 56: vllm_flashinfer_prefill (baseline), 34 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   12. 22 < total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len <= 19: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8
-#   13. 58 < total_seq_len <= 724 and 2 < num_seqs <= 8 and max_seq_len <= 151: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.07x (1.04x .. 1.08x) over vllm_flashinfer_prefill
-#   14. 58 < total_seq_len <= 878 and 2 < num_seqs <= 8 and max_seq_len > 450: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   15. 58 < total_seq_len <= 5792 and num_seqs <= 2: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
-#   16. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 151 < max_seq_len <= 256: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
-#   17. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 256 < max_seq_len <= 450: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   18. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 151 < max_seq_len <= 256: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   19. total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 256 < max_seq_len <= 450: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   20. 362 < total_seq_len <= 724 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.10x (1.04x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   21. total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.32x (1.31x .. 1.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   22. total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 3 and 14 < max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   23. total_seq_len > 362 and num_seqs > 8 and 3 < mean_seq_len <= 7 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.24x (1.15x .. 1.33x) over vllm_flashinfer_prefill
-#   24. total_seq_len > 362 and num_seqs > 8 and mean_seq_len > 11 and max_seq_len <= 56: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   25. total_seq_len > 724 and 2 < num_seqs <= 8 and max_seq_len <= 151: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   26. total_seq_len > 724 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   27. total_seq_len > 724 and num_seqs > 8 and 7 < mean_seq_len <= 11 and 32 < max_seq_len <= 56: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   28. total_seq_len > 878 and 2 < num_seqs <= 8 and max_seq_len > 450: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   29. total_seq_len > 5792 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 45 and 2 < mean_seq_len <= 4 and max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 53 and num_seqs <= 2 and mean_seq_len > 22: triton_prefill_fused.c16v32, 1 workloads, 4.76x (4.76x .. 4.76x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   3. total_seq_len <= 107 and num_seqs <= 2 and 4 < mean_seq_len <= 18 and max_seq_len <= 38: triton_prefill_fused.c16v32, 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   4. total_seq_len <= 107 and num_seqs > 2 and 4 < mean_seq_len <= 6 and max_seq_len <= 38: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 107 and num_seqs > 2 and 6 < mean_seq_len <= 18 and max_seq_len <= 38: triton_prefill_fused.c16v64, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 181 and 2 < mean_seq_len <= 4 and 13 < max_seq_len <= 23: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 362 and 2 < mean_seq_len <= 4 and 23 < max_seq_len <= 56: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it)
+#   8. total_seq_len <= 451 and num_seqs > 4 and 18 < mean_seq_len <= 144: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   9. total_seq_len <= 608 and mean_seq_len <= 2 and 43 < max_seq_len <= 224: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+#   10. total_seq_len <= 608 and mean_seq_len <= 2 and 224 < max_seq_len <= 241: vllm_flashinfer_prefill (baseline), 0 workloads
+#   11. total_seq_len <= 608 and mean_seq_len <= 2 and max_seq_len > 241: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
+#   12. total_seq_len <= 861 and num_seqs > 2 and mean_seq_len > 144: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   13. total_seq_len <= 6888 and num_seqs <= 2 and 18 < mean_seq_len <= 22: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   14. num_seqs <= 22 and 4 < mean_seq_len <= 18 and 38 < max_seq_len <= 224: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   15. num_seqs <= 22 and 4 < mean_seq_len <= 18 and max_seq_len > 224: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   16. mean_seq_len <= 2 and max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 5 workloads, 1.97x (1.31x .. 8.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
+#   17. 2 < mean_seq_len <= 4 and max_seq_len > 56: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   18. 2 < num_seqs <= 4 and 18 < mean_seq_len <= 144 and max_seq_len <= 284: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.07x (1.06x .. 1.08x) over vllm_flashinfer_prefill
+#   19. 2 < num_seqs <= 4 and 18 < mean_seq_len <= 144 and max_seq_len > 284: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   20. num_seqs > 22 and 4 < mean_seq_len <= 18 and max_seq_len > 38: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   21. total_seq_len > 45 and 2 < mean_seq_len <= 4 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.33x (1.32x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   22. 53 < total_seq_len <= 6888 and num_seqs <= 2 and mean_seq_len > 22: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+#   23. total_seq_len > 107 and num_seqs <= 11 and 7 < mean_seq_len <= 18 and max_seq_len <= 38: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64
+#   24. total_seq_len > 107 and 4 < mean_seq_len <= 7 and max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.25x (1.15x .. 1.35x) over vllm_flashinfer_prefill
+#   25. total_seq_len > 107 and 4 < mean_seq_len <= 7 and 15 < max_seq_len <= 38: vllm_flashinfer_prefill (baseline), 0 workloads
+#   26. total_seq_len > 107 and num_seqs > 11 and 7 < mean_seq_len <= 9 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.14x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   27. total_seq_len > 107 and num_seqs > 11 and 7 < mean_seq_len <= 9 and 22 < max_seq_len <= 38: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   28. total_seq_len > 107 and num_seqs > 11 and 9 < mean_seq_len <= 18 and max_seq_len <= 38: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   29. total_seq_len > 181 and 2 < mean_seq_len <= 4 and 13 < max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.27x (1.26x .. 1.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   30. total_seq_len > 362 and 2 < mean_seq_len <= 4 and 23 < max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8
+#   31. total_seq_len > 451 and num_seqs > 4 and 18 < mean_seq_len <= 144: vllm_flashinfer_prefill (baseline), 27 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   32. total_seq_len > 608 and mean_seq_len <= 2 and 43 < max_seq_len <= 201: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it)
+#   33. total_seq_len > 608 and mean_seq_len <= 2 and max_seq_len > 201: vllm_flashinfer_prefill (baseline), 0 workloads
+#   34. 861 < total_seq_len <= 1217 and num_seqs > 2 and mean_seq_len > 144: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   35. 1217 < total_seq_len <= 1722 and num_seqs > 2 and mean_seq_len > 144: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   36. total_seq_len > 1722 and num_seqs > 2 and mean_seq_len > 144: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   37. total_seq_len > 6888 and num_seqs <= 2 and mean_seq_len > 18: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 28 and num_seqs <= 2 and 7 < mean_seq_len <= 37 and max_seq_len <= 14: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.61x (7.61x .. 7.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 28 and num_seqs <= 2 and 7 < mean_seq_len <= 37 and 14 < max_seq_len <= 361: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.29x (8.29x .. 8.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   3. total_seq_len <= 41 and mean_seq_len <= 7 and max_seq_len > 2: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 64 and num_seqs > 2 and 7 < mean_seq_len <= 22 and max_seq_len <= 70: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 181 and num_seqs <= 2 and 37 < mean_seq_len <= 90 and max_seq_len <= 361: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.40x (4.40x .. 4.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 181 and num_seqs <= 2 and mean_seq_len > 90 and max_seq_len <= 361: triton_prefill_fused.c16v64, 1 workloads, 4.60x (4.60x .. 4.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 11 and max_seq_len > 70: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, triton_prefill_fused.c16v64
-#   8. total_seq_len <= 268 and num_seqs > 2 and 11 < mean_seq_len <= 22 and max_seq_len > 70: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.37x (1.15x .. 1.64x) over vllm_flashinfer_prefill
-#   9. total_seq_len <= 268 and num_seqs > 2 and 22 < mean_seq_len <= 45: triton_prefill_fused.c16v64, 3 workloads, 1.76x (1.60x .. 1.91x) over vllm_flashinfer_prefill
-#   10. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   11. total_seq_len <= 559 and num_seqs <= 1 and mean_seq_len <= 7 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 9.35x (9.35x .. 9.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   12. total_seq_len <= 559 and num_seqs > 1 and mean_seq_len <= 7 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.81x (1.77x .. 1.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   13. total_seq_len <= 11585 and num_seqs <= 2 and mean_seq_len > 875 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.89x (1.55x .. 2.29x) over vllm_flashinfer_prefill
-#   14. num_seqs <= 2 and 7 < mean_seq_len <= 875 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.46x (2.09x .. 2.66x) over vllm_flashinfer_prefill
-#   15. total_seq_len > 28 and num_seqs <= 2 and 7 < mean_seq_len <= 37 and max_seq_len <= 361: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   16. 41 < total_seq_len <= 150 and mean_seq_len <= 7 and max_seq_len > 2: cuda_prefill_pool_rows.k4c8, 3 workloads, 2.62x (1.79x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   17. 64 < total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 22 and max_seq_len <= 70: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.50x (1.83x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   18. 150 < total_seq_len <= 559 and mean_seq_len <= 2 and max_seq_len > 2: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.47x (1.46x .. 1.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
-#   19. 150 < total_seq_len <= 559 and 2 < mean_seq_len <= 7 and 2 < max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.82x (1.46x .. 2.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   20. 150 < total_seq_len <= 559 and 2 < mean_seq_len <= 7 and max_seq_len > 45: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-#   21. total_seq_len > 181 and num_seqs <= 2 and mean_seq_len > 37 and max_seq_len <= 361: triton_prefill_fused.c16v64, 4 workloads, 3.50x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   22. 268 < total_seq_len <= 721 and num_seqs > 34 and mean_seq_len > 7 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.73x (1.52x .. 1.98x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   23. 268 < total_seq_len <= 721 and num_seqs > 34 and mean_seq_len > 7 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   24. 268 < total_seq_len <= 1448 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len <= 829: triton_prefill_fused.c16v64, 2 workloads, 2.55x (2.08x .. 3.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   25. 268 < total_seq_len <= 5792 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 829: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   26. 268 < total_seq_len <= 5792 and 3 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 829: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   27. total_seq_len > 268 and 2 < num_seqs <= 4 and 45 < mean_seq_len <= 81: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   28. total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len <= 178: triton_prefill_fused.c16v64, 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   29. total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len > 178: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   30. total_seq_len > 268 and 2 < num_seqs <= 34 and 7 < mean_seq_len <= 45 and max_seq_len <= 90: triton_prefill_fused.c16v64, 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
-#   31. total_seq_len > 268 and 2 < num_seqs <= 34 and 7 < mean_seq_len <= 45 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
-#   32. total_seq_len > 268 and 4 < num_seqs <= 34 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   33. total_seq_len > 559 and mean_seq_len <= 7 and max_seq_len <= 181: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.46x (1.39x .. 1.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   34. total_seq_len > 559 and mean_seq_len <= 7 and max_seq_len > 181: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   35. 721 < total_seq_len <= 11585 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len <= 133: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   36. 721 < total_seq_len <= 11585 and num_seqs > 181 and mean_seq_len > 10 and 133 < max_seq_len <= 7544: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   37. total_seq_len > 721 and 34 < num_seqs <= 181 and mean_seq_len > 10: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   38. total_seq_len > 721 and num_seqs > 34 and 7 < mean_seq_len <= 10 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.18x (1.13x .. 1.22x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   39. total_seq_len > 721 and num_seqs > 34 and 7 < mean_seq_len <= 10 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   40. total_seq_len > 721 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len > 7544: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   41. total_seq_len > 1448 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len <= 829: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   42. total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 829: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   43. 11585 < total_seq_len <= 23170 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len <= 724: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   44. total_seq_len > 11585 and num_seqs <= 2 and mean_seq_len > 875 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   45. total_seq_len > 11585 and num_seqs > 181 and mean_seq_len > 10 and 724 < max_seq_len <= 7544: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   46. total_seq_len > 23170 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len <= 724: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   1. total_seq_len <= 48 and num_seqs > 2 and 5 < mean_seq_len <= 108 and max_seq_len <= 37: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 107 and 26 < mean_seq_len <= 108 and max_seq_len > 37: cuda_prefill_pool_rows.k8c8, 1 workloads, 3.86x (3.86x .. 3.86x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 150 and num_seqs <= 11 and mean_seq_len <= 5 and max_seq_len > 2: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 150 and num_seqs > 11 and mean_seq_len <= 5 and max_seq_len > 2: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.68x (1.79x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   5. total_seq_len <= 430 and num_seqs <= 1 and 5 < mean_seq_len <= 108 and max_seq_len <= 37: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.85x (7.43x .. 8.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   6. total_seq_len <= 430 and 5 < mean_seq_len <= 26 and 37 < max_seq_len <= 70: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 430 and 1 < num_seqs <= 2 and 5 < mean_seq_len <= 108 and max_seq_len <= 37: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   8. total_seq_len <= 559 and mean_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 3 workloads, 3.13x (1.77x .. 9.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   9. total_seq_len <= 861 and 108 < mean_seq_len <= 736 and max_seq_len <= 284: triton_prefill_fused.c16v64, 6 workloads, 3.21x (1.58x .. 6.93x) over vllm_flashinfer_prefill
+#   10. total_seq_len <= 1217 and num_seqs <= 2 and 108 < mean_seq_len <= 736 and max_seq_len > 284: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.46x (2.09x .. 2.66x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   11. total_seq_len <= 1217 and num_seqs > 2 and 108 < mean_seq_len <= 152 and 284 < max_seq_len <= 622: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   12. total_seq_len <= 1217 and num_seqs > 2 and 108 < mean_seq_len <= 736 and max_seq_len > 622: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   13. total_seq_len <= 1217 and num_seqs > 2 and 152 < mean_seq_len <= 736 and 284 < max_seq_len <= 622: triton_prefill_fused.c16v64, 1 workloads, 2.08x (2.08x .. 2.08x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   14. total_seq_len <= 6888 and num_seqs > 2 and mean_seq_len > 736: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   15. total_seq_len <= 9741 and num_seqs <= 2 and mean_seq_len > 736: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.02x (1.55x .. 2.47x) over vllm_flashinfer_prefill
+#   16. num_seqs <= 11 and 5 < mean_seq_len <= 26 and max_seq_len > 70: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   17. num_seqs > 11 and 5 < mean_seq_len <= 26 and max_seq_len > 70: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   18. 48 < total_seq_len <= 430 and num_seqs > 2 and 5 < mean_seq_len <= 108 and max_seq_len <= 37: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.39x (1.82x .. 4.28x) over vllm_flashinfer_prefill
+#   19. 107 < total_seq_len <= 215 and 26 < mean_seq_len <= 108 and max_seq_len > 37: triton_prefill_fused.c16v64, 2 workloads, 1.69x (1.60x .. 1.77x) over vllm_flashinfer_prefill
+#   20. 150 < total_seq_len <= 559 and mean_seq_len <= 1 and 2 < max_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
+#   21. 150 < total_seq_len <= 559 and mean_seq_len <= 5 and max_seq_len > 22: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.41x (1.36x .. 1.46x) over vllm_flashinfer_prefill
+#   22. 150 < total_seq_len <= 559 and 1 < mean_seq_len <= 5 and 2 < max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.73x (1.46x .. 2.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   23. total_seq_len > 215 and 26 < mean_seq_len <= 108 and max_seq_len > 37: vllm_flashinfer_prefill (baseline), 17 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   24. 430 < total_seq_len <= 858 and 5 < mean_seq_len <= 18 and max_seq_len <= 37: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.73x (1.52x .. 1.98x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   25. 430 < total_seq_len <= 858 and 18 < mean_seq_len <= 108 and max_seq_len <= 37: triton_prefill_fused.c16v64, 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
+#   26. total_seq_len > 430 and 5 < mean_seq_len <= 26 and 37 < max_seq_len <= 70: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   27. 559 < total_seq_len <= 1023 and 4 < mean_seq_len <= 5 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8
+#   28. 559 < total_seq_len <= 1023 and 4 < mean_seq_len <= 5 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 0 workloads
+#   29. total_seq_len > 559 and mean_seq_len <= 4 and max_seq_len <= 181: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.48x (1.40x .. 1.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   30. total_seq_len > 559 and mean_seq_len <= 4 and max_seq_len > 181: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   31. 858 < total_seq_len <= 1217 and num_seqs <= 90 and 5 < mean_seq_len <= 108 and 9 < max_seq_len <= 29: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   32. 858 < total_seq_len <= 1217 and num_seqs <= 90 and 5 < mean_seq_len <= 108 and 29 < max_seq_len <= 37: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   33. total_seq_len > 858 and 5 < mean_seq_len <= 108 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.34x (1.29x .. 1.39x) over vllm_flashinfer_prefill
+#   34. total_seq_len > 858 and num_seqs > 90 and 5 < mean_seq_len <= 108 and 9 < max_seq_len <= 37: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   35. 861 < total_seq_len <= 1217 and 108 < mean_seq_len <= 736 and max_seq_len <= 284: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   36. total_seq_len > 1023 and 4 < mean_seq_len <= 5 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
+#   37. total_seq_len > 1023 and 4 < mean_seq_len <= 5 and max_seq_len > 45: vllm_flashinfer_prefill (baseline), 0 workloads
+#   38. 1217 < total_seq_len <= 1722 and 108 < mean_seq_len <= 736 and max_seq_len > 284: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   39. total_seq_len > 1217 and num_seqs <= 90 and 5 < mean_seq_len <= 108 and 9 < max_seq_len <= 37: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   40. total_seq_len > 1217 and 108 < mean_seq_len <= 736 and max_seq_len <= 221: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   41. total_seq_len > 1217 and 108 < mean_seq_len <= 736 and 221 < max_seq_len <= 284: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
+#   42. total_seq_len > 1722 and 108 < mean_seq_len <= 736 and max_seq_len > 284: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   43. total_seq_len > 6888 and num_seqs > 2 and mean_seq_len > 736: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   44. total_seq_len > 9741 and num_seqs <= 2 and mean_seq_len > 736: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (6, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (5.94, 5.94, 5.94), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (None, 8), 'total_seq_len': (None, 58)}, 'workloads': 2, 'speedup': (1.24, 3.2, 8.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (6, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 58)}, 'workloads': 1, 'speedup': (4.76, 4.76, 4.76), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.44, 1.44, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, 56), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.17, 1.28, 1.39), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (1.17, 1.29, 1.36), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8, 56), 'mean_seq_len': (5, 11), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8, 26), 'mean_seq_len': (11, None), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (26, 56), 'mean_seq_len': (11, None), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, None)}, 'workloads': 2, 'speedup': (1.3, 1.33, 1.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (2, None), 'num_seqs': (8, None)}, 'workloads': 34, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (6, None), 'num_seqs': (None, 8), 'total_seq_len': (22, 58)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 151), 'num_seqs': (2, 8), 'total_seq_len': (58, 724)}, 'workloads': 8, 'speedup': (1.04, 1.07, 1.08), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (450, None), 'num_seqs': (2, 8), 'total_seq_len': (58, 878)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (58, 5792)}, 'workloads': 14, 'speedup': (1.05, 2.13, 3.61), 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (151, 256), 'mean_seq_len': (None, 181), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 3, 'speedup': (1.03, 1.05, 1.07), 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (256, 450), 'mean_seq_len': (None, 181), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (151, 256), 'mean_seq_len': (181, None), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (256, 450), 'mean_seq_len': (181, None), 'num_seqs': (2, 8), 'total_seq_len': (58, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (7, 11), 'num_seqs': (8, None), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (1.04, 1.1, 1.16), 'fallbacks': (), 'hand_back': True},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.31, 1.32, 1.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (14, 56), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (3, 7), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.15, 1.24, 1.33), 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (11, None), 'num_seqs': (8, None), 'total_seq_len': (362, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 151), 'num_seqs': (2, 8), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 32), 'mean_seq_len': (7, 11), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, 56), 'mean_seq_len': (7, 11), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (450, None), 'num_seqs': (2, 8), 'total_seq_len': (878, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (2, 4), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 53)}, 'workloads': 1, 'speedup': (4.76, 4.76, 4.76), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 38), 'mean_seq_len': (4, 18), 'num_seqs': (None, 2), 'total_seq_len': (None, 107)}, 'workloads': 1, 'speedup': (5.94, 5.94, 5.94), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 38), 'mean_seq_len': (4, 6), 'num_seqs': (2, None), 'total_seq_len': (None, 107)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 38), 'mean_seq_len': (6, 18), 'num_seqs': (2, None), 'total_seq_len': (None, 107)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (13, 23), 'mean_seq_len': (2, 4), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (23, 56), 'mean_seq_len': (2, 4), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (18, 144), 'num_seqs': (4, None), 'total_seq_len': (None, 451)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 224), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 608)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (224, 241), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 608)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (241, None), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 608)}, 'workloads': 1, 'speedup': (1.3, 1.3, 1.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (2, None), 'total_seq_len': (None, 861)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (18, 22), 'num_seqs': (None, 2), 'total_seq_len': (None, 6888)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (38, 224), 'mean_seq_len': (4, 18), 'num_seqs': (None, 22)}, 'workloads': 2, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (224, None), 'mean_seq_len': (4, 18), 'num_seqs': (None, 22)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 2)}, 'workloads': 5, 'speedup': (1.31, 1.97, 8.31), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (2, 4)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 284), 'mean_seq_len': (18, 144), 'num_seqs': (2, 4)}, 'workloads': 8, 'speedup': (1.06, 1.07, 1.08), 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (284, None), 'mean_seq_len': (18, 144), 'num_seqs': (2, 4)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (38, None), 'mean_seq_len': (4, 18), 'num_seqs': (22, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (2, 4), 'total_seq_len': (45, None)}, 'workloads': 3, 'speedup': (1.32, 1.33, 1.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (None, 2), 'total_seq_len': (53, 6888)}, 'workloads': 14, 'speedup': (1.05, 2.13, 3.61), 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 38), 'mean_seq_len': (7, 18), 'num_seqs': (None, 11), 'total_seq_len': (107, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 15), 'mean_seq_len': (4, 7), 'total_seq_len': (107, None)}, 'workloads': 2, 'speedup': (1.15, 1.25, 1.35), 'fallbacks': ()},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (15, 38), 'mean_seq_len': (4, 7), 'total_seq_len': (107, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (7, 9), 'num_seqs': (11, None), 'total_seq_len': (107, None)}, 'workloads': 3, 'speedup': (1.13, 1.14, 1.16), 'fallbacks': (), 'hand_back': True},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (22, 38), 'mean_seq_len': (7, 9), 'num_seqs': (11, None), 'total_seq_len': (107, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 38), 'mean_seq_len': (9, 18), 'num_seqs': (11, None), 'total_seq_len': (107, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (13, 23), 'mean_seq_len': (2, 4), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.26, 1.27, 1.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (23, 56), 'mean_seq_len': (2, 4), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (18, 144), 'num_seqs': (4, None), 'total_seq_len': (451, None)}, 'workloads': 27, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 201), 'mean_seq_len': (None, 2), 'total_seq_len': (608, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (201, None), 'mean_seq_len': (None, 2), 'total_seq_len': (608, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (2, None), 'total_seq_len': (861, 1217)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (2, None), 'total_seq_len': (1217, 1722)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (144, None), 'num_seqs': (2, None), 'total_seq_len': (1722, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (18, None), 'num_seqs': (None, 2), 'total_seq_len': (6888, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (7, 37), 'num_seqs': (None, 2), 'total_seq_len': (None, 28)}, 'workloads': 1, 'speedup': (7.61, 7.61, 7.61), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (14, 361), 'mean_seq_len': (7, 37), 'num_seqs': (None, 2), 'total_seq_len': (None, 28)}, 'workloads': 1, 'speedup': (8.29, 8.29, 8.29), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, None), 'mean_seq_len': (None, 7), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 70), 'mean_seq_len': (7, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 64)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (37, 90), 'num_seqs': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.4, 4.4, 4.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (90, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.6, 4.6, 4.6), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, None), 'mean_seq_len': (7, 11), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (70, None), 'mean_seq_len': (11, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 2, 'speedup': (1.15, 1.37, 1.64), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (22, 45), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 3, 'speedup': (1.6, 1.76, 1.91), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 7), 'num_seqs': (None, 1), 'total_seq_len': (None, 559)}, 'workloads': 1, 'speedup': (9.35, 9.35, 9.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 7), 'num_seqs': (1, None), 'total_seq_len': (None, 559)}, 'workloads': 2, 'speedup': (1.77, 1.81, 1.85), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'mean_seq_len': (875, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 11585)}, 'workloads': 3, 'speedup': (1.55, 1.89, 2.29), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'mean_seq_len': (7, 875), 'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (2.09, 2.46, 2.66), 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (7, 37), 'num_seqs': (None, 2), 'total_seq_len': (28, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, None), 'mean_seq_len': (None, 7), 'total_seq_len': (41, 150)}, 'workloads': 3, 'speedup': (1.79, 2.62, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 70), 'mean_seq_len': (7, 22), 'num_seqs': (2, None), 'total_seq_len': (64, 268)}, 'workloads': 4, 'speedup': (1.83, 2.5, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, None), 'mean_seq_len': (None, 2), 'total_seq_len': (150, 559)}, 'workloads': 2, 'speedup': (1.46, 1.47, 1.47), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 45), 'mean_seq_len': (2, 7), 'total_seq_len': (150, 559)}, 'workloads': 3, 'speedup': (1.46, 1.82, 2.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (2, 7), 'total_seq_len': (150, 559)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (37, None), 'num_seqs': (None, 2), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (2.51, 3.5, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (7, None), 'num_seqs': (34, None), 'total_seq_len': (268, 721)}, 'workloads': 2, 'speedup': (1.52, 1.73, 1.98), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (7, None), 'num_seqs': (34, None), 'total_seq_len': (268, 721)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 829), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (268, 1448)}, 'workloads': 2, 'speedup': (2.08, 2.55, 3.13), 'fallbacks': (), 'hand_back': True},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (829, None), 'mean_seq_len': (147, None), 'num_seqs': (2, 3), 'total_seq_len': (268, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (829, None), 'mean_seq_len': (147, None), 'num_seqs': (3, 4), 'total_seq_len': (268, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (45, 81), 'num_seqs': (2, 4), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 178), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, None)}, 'workloads': 1, 'speedup': (2.86, 2.86, 2.86), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (178, None), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (7, 45), 'num_seqs': (2, 34), 'total_seq_len': (268, None)}, 'workloads': 1, 'speedup': (1.42, 1.42, 1.42), 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (7, 45), 'num_seqs': (2, 34), 'total_seq_len': (268, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (4, 34), 'total_seq_len': (268, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (None, 7), 'total_seq_len': (559, None)}, 'workloads': 4, 'speedup': (1.39, 1.46, 1.53), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (None, 7), 'total_seq_len': (559, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 133), 'mean_seq_len': (10, None), 'num_seqs': (181, None), 'total_seq_len': (721, 11585)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': (), 'hand_back': True},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (133, 7544), 'mean_seq_len': (10, None), 'num_seqs': (181, None), 'total_seq_len': (721, 11585)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (10, None), 'num_seqs': (34, 181), 'total_seq_len': (721, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (7, 10), 'num_seqs': (34, None), 'total_seq_len': (721, None)}, 'workloads': 2, 'speedup': (1.13, 1.18, 1.22), 'fallbacks': (), 'hand_back': True},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (7, 10), 'num_seqs': (34, None), 'total_seq_len': (721, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (7544, None), 'mean_seq_len': (10, None), 'num_seqs': (181, None), 'total_seq_len': (721, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 829), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (829, None), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (10, None), 'num_seqs': (181, None), 'total_seq_len': (11585, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'mean_seq_len': (875, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (724, 7544), 'mean_seq_len': (10, None), 'num_seqs': (181, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (10, None), 'num_seqs': (181, None), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 37), 'mean_seq_len': (5, 108), 'num_seqs': (2, None), 'total_seq_len': (None, 48)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (37, None), 'mean_seq_len': (26, 108), 'total_seq_len': (None, 107)}, 'workloads': 1, 'speedup': (3.86, 3.86, 3.86), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 11), 'total_seq_len': (None, 150)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, None), 'mean_seq_len': (None, 5), 'num_seqs': (11, None), 'total_seq_len': (None, 150)}, 'workloads': 2, 'speedup': (1.79, 2.68, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 37), 'mean_seq_len': (5, 108), 'num_seqs': (None, 1), 'total_seq_len': (None, 430)}, 'workloads': 2, 'speedup': (7.43, 7.85, 8.29), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (37, 70), 'mean_seq_len': (5, 26), 'total_seq_len': (None, 430)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 37), 'mean_seq_len': (5, 108), 'num_seqs': (1, 2), 'total_seq_len': (None, 430)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 5), 'total_seq_len': (None, 559)}, 'workloads': 3, 'speedup': (1.77, 3.13, 9.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 284), 'mean_seq_len': (108, 736), 'total_seq_len': (None, 861)}, 'workloads': 6, 'speedup': (1.58, 3.21, 6.93), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (284, None), 'mean_seq_len': (108, 736), 'num_seqs': (None, 2), 'total_seq_len': (None, 1217)}, 'workloads': 4, 'speedup': (2.09, 2.46, 2.66), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (284, 622), 'mean_seq_len': (108, 152), 'num_seqs': (2, None), 'total_seq_len': (None, 1217)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (622, None), 'mean_seq_len': (108, 736), 'num_seqs': (2, None), 'total_seq_len': (None, 1217)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (284, 622), 'mean_seq_len': (152, 736), 'num_seqs': (2, None), 'total_seq_len': (None, 1217)}, 'workloads': 1, 'speedup': (2.08, 2.08, 2.08), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (736, None), 'num_seqs': (2, None), 'total_seq_len': (None, 6888)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (736, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 9741)}, 'workloads': 4, 'speedup': (1.55, 2.02, 2.47), 'fallbacks': ()},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (70, None), 'mean_seq_len': (5, 26), 'num_seqs': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, None), 'mean_seq_len': (5, 26), 'num_seqs': (11, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 37), 'mean_seq_len': (5, 108), 'num_seqs': (2, None), 'total_seq_len': (48, 430)}, 'workloads': 6, 'speedup': (1.82, 2.39, 4.28), 'fallbacks': ()},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (37, None), 'mean_seq_len': (26, 108), 'total_seq_len': (107, 215)}, 'workloads': 2, 'speedup': (1.6, 1.69, 1.77), 'fallbacks': ()},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 22), 'mean_seq_len': (None, 1), 'total_seq_len': (150, 559)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (None, 5), 'total_seq_len': (150, 559)}, 'workloads': 2, 'speedup': (1.36, 1.41, 1.46), 'fallbacks': ()},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 22), 'mean_seq_len': (1, 5), 'total_seq_len': (150, 559)}, 'workloads': 4, 'speedup': (1.46, 1.73, 2.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (37, None), 'mean_seq_len': (26, 108), 'total_seq_len': (215, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 37), 'mean_seq_len': (5, 18), 'total_seq_len': (430, 858)}, 'workloads': 2, 'speedup': (1.52, 1.73, 1.98), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 37), 'mean_seq_len': (18, 108), 'total_seq_len': (430, 858)}, 'workloads': 1, 'speedup': (1.42, 1.42, 1.42), 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (37, 70), 'mean_seq_len': (5, 26), 'total_seq_len': (430, None)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (4, 5), 'total_seq_len': (559, 1023)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (4, 5), 'total_seq_len': (559, 1023)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (None, 4), 'total_seq_len': (559, None)}, 'workloads': 3, 'speedup': (1.4, 1.48, 1.53), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (None, 4), 'total_seq_len': (559, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (9, 29), 'mean_seq_len': (5, 108), 'num_seqs': (None, 90), 'total_seq_len': (858, 1217)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, 37), 'mean_seq_len': (5, 108), 'num_seqs': (None, 90), 'total_seq_len': (858, 1217)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (5, 108), 'total_seq_len': (858, None)}, 'workloads': 2, 'speedup': (1.29, 1.34, 1.39), 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (9, 37), 'mean_seq_len': (5, 108), 'num_seqs': (90, None), 'total_seq_len': (858, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': (), 'hand_back': True},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 284), 'mean_seq_len': (108, 736), 'total_seq_len': (861, 1217)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (4, 5), 'total_seq_len': (1023, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (4, 5), 'total_seq_len': (1023, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (284, None), 'mean_seq_len': (108, 736), 'total_seq_len': (1217, 1722)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (9, 37), 'mean_seq_len': (5, 108), 'num_seqs': (None, 90), 'total_seq_len': (1217, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 221), 'mean_seq_len': (108, 736), 'total_seq_len': (1217, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (221, 284), 'mean_seq_len': (108, 736), 'total_seq_len': (1217, None)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (284, None), 'mean_seq_len': (108, 736), 'total_seq_len': (1722, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (736, None), 'num_seqs': (2, None), 'total_seq_len': (6888, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (736, None), 'num_seqs': (None, 2), 'total_seq_len': (9741, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -321,92 +333,107 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len <= 19:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 2 workloads, 3.20x (1.24x .. 8.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 1 workloads, 4.76x (4.76x .. 4.76x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len > 19:
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 45 and 2 < mean_seq_len <= 4 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 1 workloads, 4.76x (4.76x .. 4.76x) over vllm_flashinfer_prefill
+    if total_seq_len <= 53 and num_seqs <= 2 and mean_seq_len > 22:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 2 workloads, 1.28x (1.17x .. 1.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and 8 < max_seq_len <= 56:
+    # region 3: 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill
+    if total_seq_len <= 107 and num_seqs <= 2 and 4 < mean_seq_len <= 18 and max_seq_len <= 38:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 4: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+    if total_seq_len <= 107 and num_seqs > 2 and 4 < mean_seq_len <= 6 and max_seq_len <= 38:
+        return ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
+    if total_seq_len <= 107 and num_seqs > 2 and 6 < mean_seq_len <= 18 and max_seq_len <= 38:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 181 and 2 < mean_seq_len <= 4 and 13 < max_seq_len <= 23:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 362 and 2 < mean_seq_len <= 4 and 23 < max_seq_len <= 56:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 3 workloads, 1.29x (1.17x .. 1.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 2 and max_seq_len <= 8:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 362 and num_seqs > 8 and 5 < mean_seq_len <= 11 and 8 < max_seq_len <= 56:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 11 and 8 < max_seq_len <= 26:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 11 and 26 < max_seq_len <= 56:
+    # region 8: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if total_seq_len <= 451 and num_seqs > 4 and 18 < mean_seq_len <= 144:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 2 workloads, 1.33x (1.30x .. 1.36x) over vllm_flashinfer_prefill
-    if num_seqs > 8 and mean_seq_len <= 2 and max_seq_len > 56:
+    # region 9: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 608 and mean_seq_len <= 2 and 43 < max_seq_len <= 224:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 11: 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill
+    if total_seq_len <= 608 and mean_seq_len <= 2 and max_seq_len > 241:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 34 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 8 and mean_seq_len > 2 and max_seq_len > 56:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len <= 19:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 13: 8 workloads, 1.07x (1.04x .. 1.08x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 724 and 2 < num_seqs <= 8 and max_seq_len <= 151:
+    if total_seq_len <= 861 and num_seqs > 2 and mean_seq_len > 144:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 878 and 2 < num_seqs <= 8 and max_seq_len > 450:
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 6888 and num_seqs <= 2 and 18 < mean_seq_len <= 22:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 14: 2 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if num_seqs <= 22 and 4 < mean_seq_len <= 18 and 38 < max_seq_len <= 224:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 5792 and num_seqs <= 2:
+    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 22 and 4 < mean_seq_len <= 18 and max_seq_len > 224:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 16: 5 workloads, 1.97x (1.31x .. 8.31x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 2 and max_seq_len <= 43:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 17: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 2 < mean_seq_len <= 4 and max_seq_len > 56:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 8 workloads, 1.07x (1.06x .. 1.08x) over vllm_flashinfer_prefill
+    if 2 < num_seqs <= 4 and 18 < mean_seq_len <= 144 and max_seq_len <= 284:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 3 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
-    if total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 151 < max_seq_len <= 256:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len <= 181 and 256 < max_seq_len <= 450:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 151 < max_seq_len <= 256:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 58 and 2 < num_seqs <= 8 and mean_seq_len > 181 and 256 < max_seq_len <= 450:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 20: 2 workloads, 1.10x (1.04x .. 1.16x) over vllm_flashinfer_prefill's guarded call
-    if 362 < total_seq_len <= 724 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 56:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 3 workloads, 1.32x (1.31x .. 1.32x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 14:
+    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 2 < num_seqs <= 4 and 18 < mean_seq_len <= 144 and max_seq_len > 284:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 22 and 4 < mean_seq_len <= 18 and max_seq_len > 38:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 21: 3 workloads, 1.33x (1.32x .. 1.36x) over vllm_flashinfer_prefill
+    if total_seq_len > 45 and 2 < mean_seq_len <= 4 and max_seq_len <= 13:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 362 and num_seqs > 8 and mean_seq_len <= 3 and 14 < max_seq_len <= 56:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 23: 3 workloads, 1.24x (1.15x .. 1.33x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs > 8 and 3 < mean_seq_len <= 7 and max_seq_len <= 56:
+    # region 22: 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+    if 53 < total_seq_len <= 6888 and num_seqs <= 2 and mean_seq_len > 22:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 107 and num_seqs <= 11 and 7 < mean_seq_len <= 18 and max_seq_len <= 38:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 24: 2 workloads, 1.25x (1.15x .. 1.35x) over vllm_flashinfer_prefill
+    if total_seq_len > 107 and 4 < mean_seq_len <= 7 and max_seq_len <= 15:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and num_seqs > 8 and mean_seq_len > 11 and max_seq_len <= 56:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and 2 < num_seqs <= 8 and max_seq_len <= 151:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 724 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 32:
+    # region 26: 3 workloads, 1.14x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 107 and num_seqs > 11 and 7 < mean_seq_len <= 9 and max_seq_len <= 22:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs > 8 and 7 < mean_seq_len <= 11 and 32 < max_seq_len <= 56:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 14 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 878 and 2 < num_seqs <= 8 and max_seq_len > 450:
+    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 107 and num_seqs > 11 and 7 < mean_seq_len <= 9 and 22 < max_seq_len <= 38:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 107 and num_seqs > 11 and 9 < mean_seq_len <= 18 and max_seq_len <= 38:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 2 workloads, 1.27x (1.26x .. 1.28x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 2 < mean_seq_len <= 4 and 13 < max_seq_len <= 23:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 362 and 2 < mean_seq_len <= 4 and 23 < max_seq_len <= 56:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 31: 27 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 451 and num_seqs > 4 and 18 < mean_seq_len <= 144:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 608 and mean_seq_len <= 2 and 43 < max_seq_len <= 201:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 34: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 861 < total_seq_len <= 1217 and num_seqs > 2 and mean_seq_len > 144:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs <= 2:
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    if 1217 < total_seq_len <= 1722 and num_seqs > 2 and mean_seq_len > 144:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 36: 21 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1722 and num_seqs > 2 and mean_seq_len > 144:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6888 and num_seqs <= 2 and mean_seq_len > 18:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -414,174 +441,150 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 7.61x (7.61x .. 7.61x) over vllm_flashinfer_prefill
-    if total_seq_len <= 28 and num_seqs <= 2 and 7 < mean_seq_len <= 37 and max_seq_len <= 14:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 1 workloads, 8.29x (8.29x .. 8.29x) over vllm_flashinfer_prefill
-    if total_seq_len <= 28 and num_seqs <= 2 and 7 < mean_seq_len <= 37 and 14 < max_seq_len <= 361:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 41 and mean_seq_len <= 7 and max_seq_len > 2:
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 48 and num_seqs > 2 and 5 < mean_seq_len <= 108 and max_seq_len <= 37:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 64 and num_seqs > 2 and 7 < mean_seq_len <= 22 and max_seq_len <= 70:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 1 workloads, 4.40x (4.40x .. 4.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 2 and 37 < mean_seq_len <= 90 and max_seq_len <= 361:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 1 workloads, 4.60x (4.60x .. 4.60x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 2 and mean_seq_len > 90 and max_seq_len <= 361:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 11 and max_seq_len > 70:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 2 workloads, 1.37x (1.15x .. 1.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 268 and num_seqs > 2 and 11 < mean_seq_len <= 22 and max_seq_len > 70:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 3 workloads, 1.76x (1.60x .. 1.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 268 and num_seqs > 2 and 22 < mean_seq_len <= 45:
-        return 'triton_prefill_fused.c16v64'
-    # region 10: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 45:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 1 workloads, 9.35x (9.35x .. 9.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 559 and num_seqs <= 1 and mean_seq_len <= 7 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 12: 2 workloads, 1.81x (1.77x .. 1.85x) over vllm_flashinfer_prefill
-    if total_seq_len <= 559 and num_seqs > 1 and mean_seq_len <= 7 and max_seq_len <= 2:
+    # region 2: 1 workloads, 3.86x (3.86x .. 3.86x) over vllm_flashinfer_prefill
+    if total_seq_len <= 107 and 26 < mean_seq_len <= 108 and max_seq_len > 37:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 150 and num_seqs <= 11 and mean_seq_len <= 5 and max_seq_len > 2:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 2 workloads, 2.68x (1.79x .. 3.99x) over vllm_flashinfer_prefill
+    if total_seq_len <= 150 and num_seqs > 11 and mean_seq_len <= 5 and max_seq_len > 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 13: 3 workloads, 1.89x (1.55x .. 2.29x) over vllm_flashinfer_prefill
-    if total_seq_len <= 11585 and num_seqs <= 2 and mean_seq_len > 875 and max_seq_len > 361:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 5 workloads, 2.46x (2.09x .. 2.66x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and 7 < mean_seq_len <= 875 and max_seq_len > 361:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 28 and num_seqs <= 2 and 7 < mean_seq_len <= 37 and max_seq_len <= 361:
+    # region 5: 2 workloads, 7.85x (7.43x .. 8.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 430 and num_seqs <= 1 and 5 < mean_seq_len <= 108 and max_seq_len <= 37:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 430 and 5 < mean_seq_len <= 26 and 37 < max_seq_len <= 70:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 430 and 1 < num_seqs <= 2 and 5 < mean_seq_len <= 108 and max_seq_len <= 37:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 16: 3 workloads, 2.62x (1.79x .. 3.99x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 150 and mean_seq_len <= 7 and max_seq_len > 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 17: 4 workloads, 2.50x (1.83x .. 4.28x) over vllm_flashinfer_prefill
-    if 64 < total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 22 and max_seq_len <= 70:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 2 workloads, 1.47x (1.46x .. 1.47x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 559 and mean_seq_len <= 2 and max_seq_len > 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 19: 3 workloads, 1.82x (1.46x .. 2.75x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 559 and 2 < mean_seq_len <= 7 and 2 < max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 559 and 2 < mean_seq_len <= 7 and max_seq_len > 45:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 21: 4 workloads, 3.50x (2.51x .. 6.93x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 2 and mean_seq_len > 37 and max_seq_len <= 361:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 22: 2 workloads, 1.73x (1.52x .. 1.98x) over vllm_flashinfer_prefill
-    if 268 < total_seq_len <= 721 and num_seqs > 34 and mean_seq_len > 7 and max_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 268 < total_seq_len <= 721 and num_seqs > 34 and mean_seq_len > 7 and max_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 2 workloads, 2.55x (2.08x .. 3.13x) over vllm_flashinfer_prefill's guarded call
-    if 268 < total_seq_len <= 1448 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len <= 829:
+    # region 8: 3 workloads, 3.13x (1.77x .. 9.30x) over vllm_flashinfer_prefill
+    if total_seq_len <= 559 and mean_seq_len <= 5 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 9: 6 workloads, 3.21x (1.58x .. 6.93x) over vllm_flashinfer_prefill
+    if total_seq_len <= 861 and 108 < mean_seq_len <= 736 and max_seq_len <= 284:
         return 'triton_prefill_fused.c16v64'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 5792 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 829:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 268 < total_seq_len <= 5792 and 3 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 829:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 268 and 2 < num_seqs <= 4 and 45 < mean_seq_len <= 81:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 28: 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len <= 178:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 29: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len > 178:
+    # region 10: 4 workloads, 2.46x (2.09x .. 2.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1217 and num_seqs <= 2 and 108 < mean_seq_len <= 736 and max_seq_len > 284:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 11: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1217 and num_seqs > 2 and 108 < mean_seq_len <= 152 and 284 < max_seq_len <= 622:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
-    if total_seq_len > 268 and 2 < num_seqs <= 34 and 7 < mean_seq_len <= 45 and max_seq_len <= 90:
-        return 'triton_prefill_fused.c16v64'
-    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 268 and 2 < num_seqs <= 34 and 7 < mean_seq_len <= 45 and max_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 26 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 268 and 4 < num_seqs <= 34 and mean_seq_len > 45:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 4 workloads, 1.46x (1.39x .. 1.53x) over vllm_flashinfer_prefill
-    if total_seq_len > 559 and mean_seq_len <= 7 and max_seq_len <= 181:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 34: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 559 and mean_seq_len <= 7 and max_seq_len > 181:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
-    if 721 < total_seq_len <= 11585 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len <= 133:
+    # region 12: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1217 and num_seqs > 2 and 108 < mean_seq_len <= 736 and max_seq_len > 622:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 1 workloads, 2.08x (2.08x .. 2.08x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 1217 and num_seqs > 2 and 152 < mean_seq_len <= 736 and 284 < max_seq_len <= 622:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 6888 and num_seqs > 2 and mean_seq_len > 736:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 721 < total_seq_len <= 11585 and num_seqs > 181 and mean_seq_len > 10 and 133 < max_seq_len <= 7544:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 13 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 721 and 34 < num_seqs <= 181 and mean_seq_len > 10:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 2 workloads, 1.18x (1.13x .. 1.22x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 721 and num_seqs > 34 and 7 < mean_seq_len <= 10 and max_seq_len <= 90:
+    # region 15: 4 workloads, 2.02x (1.55x .. 2.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 9741 and num_seqs <= 2 and mean_seq_len > 736:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 11 and 5 < mean_seq_len <= 26 and max_seq_len > 70:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 17: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 11 and 5 < mean_seq_len <= 26 and max_seq_len > 70:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 6 workloads, 2.39x (1.82x .. 4.28x) over vllm_flashinfer_prefill
+    if 48 < total_seq_len <= 430 and num_seqs > 2 and 5 < mean_seq_len <= 108 and max_seq_len <= 37:
         return 'cuda_prefill_pool_rows.k2c8'
+    # region 19: 2 workloads, 1.69x (1.60x .. 1.77x) over vllm_flashinfer_prefill
+    if 107 < total_seq_len <= 215 and 26 < mean_seq_len <= 108 and max_seq_len > 37:
+        return 'triton_prefill_fused.c16v64'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if 150 < total_seq_len <= 559 and mean_seq_len <= 1 and 2 < max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 21: 2 workloads, 1.41x (1.36x .. 1.46x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 559 and mean_seq_len <= 5 and max_seq_len > 22:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 22: 4 workloads, 1.73x (1.46x .. 2.75x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 559 and 1 < mean_seq_len <= 5 and 2 < max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 17 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 215 and 26 < mean_seq_len <= 108 and max_seq_len > 37:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 2 workloads, 1.73x (1.52x .. 1.98x) over vllm_flashinfer_prefill
+    if 430 < total_seq_len <= 858 and 5 < mean_seq_len <= 18 and max_seq_len <= 37:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
+    if 430 < total_seq_len <= 858 and 18 < mean_seq_len <= 108 and max_seq_len <= 37:
+        return 'triton_prefill_fused.c16v64'
+    # region 26: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 430 and 5 < mean_seq_len <= 26 and 37 < max_seq_len <= 70:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if 559 < total_seq_len <= 1023 and 4 < mean_seq_len <= 5 and max_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 29: 3 workloads, 1.48x (1.40x .. 1.53x) over vllm_flashinfer_prefill
+    if total_seq_len > 559 and mean_seq_len <= 4 and max_seq_len <= 181:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 30: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 559 and mean_seq_len <= 4 and max_seq_len > 181:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 858 < total_seq_len <= 1217 and num_seqs <= 90 and 5 < mean_seq_len <= 108 and 9 < max_seq_len <= 29:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 0 workloads, by estimated times (no measured workload in it)
+    if 858 < total_seq_len <= 1217 and num_seqs <= 90 and 5 < mean_seq_len <= 108 and 29 < max_seq_len <= 37:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 33: 2 workloads, 1.34x (1.29x .. 1.39x) over vllm_flashinfer_prefill
+    if total_seq_len > 858 and 5 < mean_seq_len <= 108 and max_seq_len <= 9:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 34: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 858 and num_seqs > 90 and 5 < mean_seq_len <= 108 and 9 < max_seq_len <= 37:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 35: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 861 < total_seq_len <= 1217 and 108 < mean_seq_len <= 736 and max_seq_len <= 284:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1023 and 4 < mean_seq_len <= 5 and max_seq_len <= 45:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 38: 0 workloads, by estimated times (no measured workload in it)
+    if 1217 < total_seq_len <= 1722 and 108 < mean_seq_len <= 736 and max_seq_len > 284:
+        return 'vllm_flashinfer_prefill.cp_off'
     # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 721 and num_seqs > 34 and 7 < mean_seq_len <= 10 and max_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 721 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len > 7544:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len <= 829:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 829:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 0 workloads, by estimated times (no measured workload in it)
-    if 11585 < total_seq_len <= 23170 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len <= 724:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and num_seqs <= 2 and mean_seq_len > 875 and max_seq_len > 361:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and num_seqs > 181 and mean_seq_len > 10 and 724 < max_seq_len <= 7544:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 23170 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len <= 724:
+    if total_seq_len > 1217 and num_seqs <= 90 and 5 < mean_seq_len <= 108 and 9 < max_seq_len <= 37:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1217 and 108 < mean_seq_len <= 736 and max_seq_len <= 221:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 41: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
+    if total_seq_len > 1217 and 108 < mean_seq_len <= 736 and 221 < max_seq_len <= 284:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 42: 16 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1722 and 108 < mean_seq_len <= 736 and max_seq_len > 284:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6888 and num_seqs > 2 and mean_seq_len > 736:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 9741 and num_seqs <= 2 and mean_seq_len > 736:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 362 < total_seq_len <= 724 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 56:  # region 20
-        return True
-    if total_seq_len > 724 and num_seqs > 8 and 7 < mean_seq_len <= 11 and max_seq_len <= 32:  # region 26
+    if total_seq_len > 107 and num_seqs > 11 and 7 < mean_seq_len <= 9 and max_seq_len <= 22:  # region 26
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 268 < total_seq_len <= 1448 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len <= 829:  # region 24
+    if total_seq_len <= 1217 and num_seqs > 2 and 152 < mean_seq_len <= 736 and 284 < max_seq_len <= 622:  # region 13
         return True
-    if 268 < total_seq_len <= 5792 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 829:  # region 25
+    if total_seq_len > 430 and 5 < mean_seq_len <= 26 and 37 < max_seq_len <= 70:  # region 26
         return True
-    if total_seq_len > 268 and 2 < num_seqs <= 4 and 45 < mean_seq_len <= 81:  # region 27
+    if 858 < total_seq_len <= 1217 and num_seqs <= 90 and 5 < mean_seq_len <= 108 and 29 < max_seq_len <= 37:  # region 32
         return True
-    if total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len <= 178:  # region 28
-        return True
-    if 721 < total_seq_len <= 11585 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len <= 133:  # region 35
-        return True
-    if total_seq_len > 721 and num_seqs > 34 and 7 < mean_seq_len <= 10 and max_seq_len <= 90:  # region 38
-        return True
-    if total_seq_len > 721 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len > 7544:  # region 40
-        return True
-    if 11585 < total_seq_len <= 23170 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len <= 724:  # region 43
-        return True
-    if total_seq_len > 11585 and num_seqs > 181 and mean_seq_len > 10 and 724 < max_seq_len <= 7544:  # region 45
+    if total_seq_len > 858 and num_seqs > 90 and 5 < mean_seq_len <= 108 and 9 < max_seq_len <= 37:  # region 34
         return True
     return False

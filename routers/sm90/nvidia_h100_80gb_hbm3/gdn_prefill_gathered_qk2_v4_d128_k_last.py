@@ -183,215 +183,225 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2238 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 4441 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.63% mean, 73.88% max;
-#             1.350x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 13.20% mean, 168.94% max;
-#             2.394x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.37% mean, 73.88% max;
+#             1.348x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 9.52% mean, 168.94% max;
+#             2.433x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
-#   2. total_seq_len <= 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-#   3. total_seq_len <= 724 and num_seqs > 51 and mean_seq_len > 2 and 11 < max_seq_len <= 125: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
-#   4. total_seq_len <= 1299 and num_seqs <= 5 and 32 < max_seq_len <= 50: triton_prefill_fused.c16v32, 1 workloads, 3.91x (3.91x .. 3.91x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   5. total_seq_len <= 1299 and num_seqs <= 11 and 29 < max_seq_len <= 32: triton_prefill_fused.c16v32, 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   6. total_seq_len <= 1299 and num_seqs <= 51 and mean_seq_len <= 724 and max_seq_len > 50: vllm_flashinfer_prefill.cp_off, 38 workloads, 2.31x (1.07x .. 5.80x) over vllm_flashinfer_prefill
-#   7. total_seq_len <= 1299 and num_seqs <= 51 and mean_seq_len > 724 and max_seq_len > 50: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   8. total_seq_len <= 1299 and 5 < num_seqs <= 51 and 32 < max_seq_len <= 50: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.24x (5.24x .. 5.24x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   9. total_seq_len <= 1299 and 11 < num_seqs <= 51 and 29 < max_seq_len <= 32: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   10. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill
-#   11. total_seq_len <= 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   12. num_seqs <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.24x (8.64x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   13. num_seqs <= 11 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.62x (7.62x .. 7.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   14. num_seqs <= 21 and mean_seq_len <= 5 and 7 < max_seq_len <= 18: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
-#   15. num_seqs <= 21 and mean_seq_len <= 5 and 18 < max_seq_len <= 29: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   16. num_seqs <= 21 and mean_seq_len > 5 and 7 < max_seq_len <= 29: triton_prefill_fused.c16v32, 4 workloads, 6.46x (5.83x .. 6.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   17. 5 < num_seqs <= 21 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   18. 11 < num_seqs <= 21 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   19. 21 < num_seqs <= 51 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
-#   20. 21 < num_seqs <= 51 and 3 < max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   21. 21 < num_seqs <= 51 and 13 < max_seq_len <= 29: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   22. 51 < num_seqs <= 79 and mean_seq_len > 2 and 161 < max_seq_len <= 636: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
-#   23. 51 < num_seqs <= 79 and mean_seq_len > 2 and max_seq_len > 636: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   24. 51 < num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   25. 51 < num_seqs <= 90 and mean_seq_len <= 2 and 3 < max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   26. 51 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.43x (1.31x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   27. 51 < num_seqs <= 90 and mean_seq_len > 2 and 8 < max_seq_len <= 11: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8
-#   28. 79 < num_seqs <= 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   29. num_seqs > 79 and mean_seq_len > 2 and max_seq_len > 273: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   30. 90 < num_seqs <= 159 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   31. 90 < num_seqs <= 159 and mean_seq_len <= 2 and 6 < max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   32. num_seqs > 159 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.42x (1.41x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   33. num_seqs > 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   34. total_seq_len > 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8
-#   35. total_seq_len > 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   36. 724 < total_seq_len <= 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   37. total_seq_len > 724 and 51 < num_seqs <= 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
-#   38. 1299 < total_seq_len <= 4833 and num_seqs <= 11 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   39. 1299 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len <= 306 and 1444 < max_seq_len <= 1794: triton_prefill_chunked.v64, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   40. 1299 < total_seq_len <= 4833 and num_seqs <= 51 and 29 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 9 workloads, 2.61x (1.10x .. 5.16x) over vllm_flashinfer_prefill
-#   41. 1299 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len > 306 and 1444 < max_seq_len <= 1794: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   42. 1299 < total_seq_len <= 4833 and 11 < num_seqs <= 51 and max_seq_len > 1794: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   43. total_seq_len > 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   44. total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   45. 4833 < total_seq_len <= 20107 and num_seqs <= 51 and 29 < max_seq_len <= 2000: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.83x (1.04x .. 3.51x) over vllm_flashinfer_prefill
-#   46. 4833 < total_seq_len <= 20107 and num_seqs <= 51 and max_seq_len > 2000: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   47. total_seq_len > 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   48. total_seq_len > 20107 and num_seqs <= 51 and 29 < max_seq_len <= 1810: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   49. total_seq_len > 20107 and num_seqs <= 51 and max_seq_len > 1810: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 37 and num_seqs <= 21 and 3 < max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.62x (7.62x .. 7.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 76 and 21 < num_seqs <= 51 and 12 < max_seq_len <= 29: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   3. total_seq_len <= 107 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 12: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
+#   4. total_seq_len <= 152 and num_seqs > 51 and mean_seq_len <= 2 and 13 < max_seq_len <= 22: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
+#   5. total_seq_len <= 152 and num_seqs > 51 and mean_seq_len <= 2 and 22 < max_seq_len <= 140: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+#   6. total_seq_len <= 304 and num_seqs > 51 and mean_seq_len <= 1 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   7. total_seq_len <= 304 and num_seqs > 51 and 1 < mean_seq_len <= 2 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   8. total_seq_len <= 304 and num_seqs > 51 and 1 < mean_seq_len <= 2 and 4 < max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   9. total_seq_len <= 304 and num_seqs > 51 and mean_seq_len > 2 and 10 < max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8
+#   10. total_seq_len <= 304 and num_seqs > 51 and mean_seq_len > 2 and 17 < max_seq_len <= 125: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   11. total_seq_len <= 430 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 140: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   12. total_seq_len <= 1217 and num_seqs > 51 and mean_seq_len > 2 and 6 < max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+#   13. total_seq_len <= 6888 and 2 < num_seqs <= 11 and 29 < max_seq_len <= 42: triton_prefill_fused.c16v32, 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   14. total_seq_len <= 6888 and 2 < num_seqs <= 51 and 42 < max_seq_len <= 1436: vllm_flashinfer_prefill.cp_off, 39 workloads, 2.56x (1.04x .. 5.80x) over vllm_flashinfer_prefill
+#   15. total_seq_len <= 6888 and 2 < num_seqs <= 51 and max_seq_len > 1436: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   16. total_seq_len <= 6888 and 11 < num_seqs <= 51 and 29 < max_seq_len <= 42: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   17. total_seq_len <= 6888 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   18. num_seqs <= 2 and 29 < max_seq_len <= 57: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   19. num_seqs <= 2 and 57 < max_seq_len <= 1023: vllm_flashinfer_prefill.cp_off, 11 workloads, 1.85x (1.09x .. 2.75x) over vllm_flashinfer_prefill
+#   20. num_seqs <= 2 and max_seq_len > 1023: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   21. num_seqs <= 11 and max_seq_len <= 3: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.24x (8.64x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   22. num_seqs <= 21 and mean_seq_len <= 4 and 7 < max_seq_len <= 18: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   23. num_seqs <= 21 and mean_seq_len <= 4 and 18 < max_seq_len <= 29: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   24. num_seqs <= 21 and mean_seq_len > 4 and 7 < max_seq_len <= 29: triton_prefill_fused.c16v32, 4 workloads, 6.46x (5.83x .. 6.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   25. 11 < num_seqs <= 21 and max_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   26. 21 < num_seqs <= 51 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
+#   27. 21 < num_seqs <= 51 and 2 < max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   28. 51 < num_seqs <= 79 and mean_seq_len > 2 and 161 < max_seq_len <= 636: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
+#   29. 51 < num_seqs <= 79 and mean_seq_len > 2 and max_seq_len > 636: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   30. num_seqs > 51 and mean_seq_len <= 1 and 3 < max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it)
+#   31. num_seqs > 51 and mean_seq_len > 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.48x (1.39x .. 1.56x) over vllm_flashinfer_prefill
+#   32. 79 < num_seqs <= 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   33. num_seqs > 79 and mean_seq_len > 2 and max_seq_len > 273: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   34. num_seqs > 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   35. total_seq_len > 37 and num_seqs <= 21 and 3 < max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 76 and 21 < num_seqs <= 51 and 12 < max_seq_len <= 29: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   37. total_seq_len > 107 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 12: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   38. total_seq_len > 152 and 51 < num_seqs <= 90 and mean_seq_len <= 2 and 13 < max_seq_len <= 140: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   39. total_seq_len > 152 and num_seqs > 90 and mean_seq_len <= 2 and 13 < max_seq_len <= 140: vllm_flashinfer_prefill (baseline), 0 workloads
+#   40. 304 < total_seq_len <= 1217 and num_seqs > 181 and mean_seq_len > 2 and 10 < max_seq_len <= 125: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   41. total_seq_len > 304 and 51 < num_seqs <= 181 and mean_seq_len > 2 and 10 < max_seq_len <= 125: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
+#   42. total_seq_len > 304 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.43x (1.42x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   43. total_seq_len > 304 and num_seqs > 51 and 1 < mean_seq_len <= 2 and 3 < max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
+#   44. total_seq_len > 430 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 140: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   45. total_seq_len > 1217 and num_seqs > 51 and mean_seq_len > 2 and 6 < max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   46. total_seq_len > 1217 and num_seqs > 181 and mean_seq_len > 2 and 10 < max_seq_len <= 125: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   47. 6888 < total_seq_len <= 23911 and 2 < num_seqs <= 51 and 29 < max_seq_len <= 2000: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.10x (1.55x .. 3.51x) over vllm_flashinfer_prefill
+#   48. 6888 < total_seq_len <= 23911 and 2 < num_seqs <= 51 and max_seq_len > 2000: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   49. total_seq_len > 6888 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   50. total_seq_len > 23911 and 2 < num_seqs <= 51 and 29 < max_seq_len <= 1810: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   51. total_seq_len > 23911 and 2 < num_seqs <= 51 and max_seq_len > 1810: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 16 and num_seqs <= 35 and mean_seq_len <= 5 and max_seq_len <= 15: cuda_prefill_pool_rows.k16c8, 2 workloads, 11.67x (6.79x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 16 and num_seqs <= 35 and mean_seq_len > 5 and max_seq_len <= 15: cuda_prefill_pool_rows.k4c8, 1 workloads, 6.73x (6.73x .. 6.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 102 and num_seqs <= 35 and 15 < max_seq_len <= 97: cuda_prefill_pool_rows.k16c8, 2 workloads, 4.10x (2.71x .. 6.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   4. total_seq_len <= 181 and 2 < num_seqs <= 35 and 97 < max_seq_len <= 1021: cuda_prefill_pool_rows.k16c8, 2 workloads, 3.61x (3.54x .. 3.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 181 and num_seqs > 35 and mean_seq_len <= 22 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   6. total_seq_len <= 181 and num_seqs > 35 and mean_seq_len <= 22 and 5 < max_seq_len <= 64: cuda_prefill_pool_rows.k8c8, 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   7. total_seq_len <= 374 and num_seqs <= 2 and 97 < max_seq_len <= 209: cuda_prefill_pool_rows.k16c8, 3 workloads, 4.20x (3.24x .. 4.85x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   8. total_seq_len <= 374 and num_seqs <= 2 and 209 < max_seq_len <= 1021: triton_prefill_fused.c16v64, 3 workloads, 3.02x (2.55x .. 3.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   9. total_seq_len <= 724 and 35 < num_seqs <= 90 and mean_seq_len <= 11 and 64 < max_seq_len <= 157: cuda_prefill_pool_rows.k16c8, 2 workloads, 2.63x (2.22x .. 3.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len <= 724 and 35 < num_seqs <= 90 and mean_seq_len <= 11 and max_seq_len > 157: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   11. total_seq_len <= 724 and 90 < num_seqs <= 181 and mean_seq_len <= 11 and max_seq_len > 64: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8
-#   12. total_seq_len <= 724 and num_seqs > 181 and mean_seq_len <= 11 and max_seq_len > 64: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   13. total_seq_len <= 2896 and num_seqs <= 35 and 1021 < max_seq_len <= 2563: triton_prefill_chunked.v64, 5 workloads, 3.00x (2.48x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   14. total_seq_len <= 2896 and num_seqs > 35 and 11 < mean_seq_len <= 22 and 64 < max_seq_len <= 678: triton_prefill_fused.c16v64, 1 workloads, 3.51x (3.51x .. 3.51x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   15. total_seq_len <= 2896 and num_seqs > 35 and mean_seq_len > 11 and max_seq_len > 678: triton_prefill_chunked.v64, 2 workloads, 1.45x (1.13x .. 1.86x) over vllm_flashinfer_prefill
-#   16. total_seq_len <= 2896 and num_seqs > 35 and mean_seq_len > 22 and 64 < max_seq_len <= 678: triton_prefill_fused.c16v32, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
-#   17. total_seq_len <= 5792 and num_seqs <= 35 and mean_seq_len > 724 and max_seq_len > 2563: triton_prefill_chunked.v64, 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill
-#   18. num_seqs <= 35 and mean_seq_len <= 724 and 2563 < max_seq_len <= 5420: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   19. num_seqs <= 35 and mean_seq_len <= 724 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   20. 35 < num_seqs <= 181 and mean_seq_len > 22 and max_seq_len <= 64: triton_prefill_fused.c16v64, 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   21. num_seqs > 181 and mean_seq_len > 22 and max_seq_len <= 64: triton_prefill_fused.c16v64, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   22. total_seq_len > 16 and num_seqs <= 35 and max_seq_len <= 15: cuda_prefill_pool_rows.k4c8, 3 workloads, 9.08x (6.74x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   23. total_seq_len > 102 and num_seqs <= 35 and 15 < max_seq_len <= 97: cuda_prefill_pool_rows.k8c8, 9 workloads, 6.49x (3.58x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   24. 181 < total_seq_len <= 362 and num_seqs > 35 and mean_seq_len <= 22 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.26x (2.26x .. 2.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   25. 181 < total_seq_len <= 362 and num_seqs > 35 and mean_seq_len <= 22 and 9 < max_seq_len <= 64: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.58x (2.58x .. 2.58x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   26. 181 < total_seq_len <= 374 and 2 < num_seqs <= 35 and 97 < max_seq_len <= 1021: triton_prefill_fused.c16v32, 4 workloads, 4.24x (3.20x .. 5.99x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   27. 362 < total_seq_len <= 533 and num_seqs > 35 and mean_seq_len <= 22 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.93x (2.72x .. 3.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   28. 362 < total_seq_len <= 533 and num_seqs > 35 and mean_seq_len <= 22 and 8 < max_seq_len <= 64: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.17x (1.93x .. 2.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   29. 374 < total_seq_len <= 2896 and num_seqs <= 35 and mean_seq_len > 328 and 97 < max_seq_len <= 1021: triton_prefill_fused.c16v32, 6 workloads, 3.17x (1.91x .. 6.28x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   30. total_seq_len > 374 and num_seqs <= 35 and mean_seq_len <= 328 and 97 < max_seq_len <= 651: triton_prefill_fused.c16v64, 18 workloads, 4.98x (1.77x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   31. total_seq_len > 374 and num_seqs <= 35 and mean_seq_len <= 328 and 651 < max_seq_len <= 1021: triton_prefill_chunked.v64, 4 workloads, 3.67x (2.05x .. 4.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   32. total_seq_len > 533 and num_seqs > 35 and mean_seq_len <= 22 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.90x (2.33x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   33. total_seq_len > 533 and num_seqs > 35 and mean_seq_len <= 22 and 49 < max_seq_len <= 64: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32
-#   34. total_seq_len > 724 and num_seqs > 35 and mean_seq_len <= 11 and 64 < max_seq_len <= 362: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32
-#   35. total_seq_len > 724 and num_seqs > 35 and mean_seq_len <= 11 and max_seq_len > 362: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.78x (1.31x .. 2.44x) over vllm_flashinfer_prefill
-#   36. 2896 < total_seq_len <= 6835 and num_seqs > 35 and mean_seq_len > 11 and 64 < max_seq_len <= 362: triton_prefill_fused.c16v64, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
-#   37. 2896 < total_seq_len <= 6835 and num_seqs > 35 and mean_seq_len > 11 and max_seq_len > 362: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill
-#   38. total_seq_len > 2896 and num_seqs <= 35 and 1021 < max_seq_len <= 2563: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.85x (1.40x .. 3.50x) over vllm_flashinfer_prefill
-#   39. total_seq_len > 2896 and num_seqs <= 35 and mean_seq_len > 328 and 97 < max_seq_len <= 1021: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.29x (2.29x .. 2.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   40. total_seq_len > 5792 and num_seqs <= 35 and mean_seq_len > 724 and max_seq_len > 2563: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   41. 6835 < total_seq_len <= 11585 and num_seqs > 112 and mean_seq_len > 11 and max_seq_len > 1448: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   42. 6835 < total_seq_len <= 23454 and num_seqs > 35 and 11 < mean_seq_len <= 144 and 64 < max_seq_len <= 1448: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   43. 6835 < total_seq_len <= 23454 and num_seqs > 35 and mean_seq_len > 144 and 64 < max_seq_len <= 1448: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   44. 6835 < total_seq_len <= 23514 and 35 < num_seqs <= 112 and mean_seq_len > 11 and max_seq_len > 1448: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   45. total_seq_len > 11585 and num_seqs > 112 and mean_seq_len > 11 and max_seq_len > 1448: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   46. total_seq_len > 23454 and num_seqs > 35 and mean_seq_len > 11 and 64 < max_seq_len <= 362: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   47. total_seq_len > 23454 and num_seqs > 35 and mean_seq_len > 11 and 362 < max_seq_len <= 1448: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   48. total_seq_len > 23514 and 35 < num_seqs <= 112 and mean_seq_len > 11 and max_seq_len > 1448: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   1. total_seq_len <= 26 and num_seqs <= 35 and mean_seq_len <= 5 and max_seq_len <= 13: cuda_prefill_pool_rows.k16c8, 2 workloads, 11.67x (6.79x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 26 and num_seqs <= 35 and mean_seq_len > 5 and max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 2 workloads, 9.92x (6.73x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   3. total_seq_len <= 86 and num_seqs <= 35 and 13 < max_seq_len <= 68: cuda_prefill_pool_rows.k16c8, 2 workloads, 4.10x (2.71x .. 6.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   4. total_seq_len <= 215 and num_seqs <= 35 and mean_seq_len <= 75 and 68 < max_seq_len <= 723: cuda_prefill_pool_rows.k16c8, 3 workloads, 3.66x (3.54x .. 3.78x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 215 and num_seqs > 35 and mean_seq_len <= 25 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   6. total_seq_len <= 215 and num_seqs > 35 and mean_seq_len <= 25 and 5 < max_seq_len <= 157: cuda_prefill_pool_rows.k8c8, 3 workloads, 3.09x (2.22x .. 4.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   7. total_seq_len <= 430 and num_seqs <= 35 and mean_seq_len > 75 and 68 < max_seq_len <= 209: cuda_prefill_pool_rows.k16c8, 3 workloads, 4.20x (3.24x .. 4.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   8. total_seq_len <= 430 and num_seqs <= 35 and mean_seq_len > 75 and 209 < max_seq_len <= 723: triton_prefill_fused.c16v64, 3 workloads, 3.02x (2.55x .. 3.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   9. total_seq_len <= 1722 and num_seqs <= 35 and 723 < max_seq_len <= 900: triton_prefill_chunked.v64, 3 workloads, 3.91x (3.15x .. 4.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len <= 3444 and num_seqs <= 35 and 900 < max_seq_len <= 2914: triton_prefill_chunked.v64, 6 workloads, 3.23x (2.48x .. 4.66x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 4871 and num_seqs > 35 and 25 < mean_seq_len <= 144 and max_seq_len > 629: triton_prefill_chunked.v64, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 6888 and num_seqs <= 35 and mean_seq_len <= 861 and 2914 < max_seq_len <= 6441: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len <= 6888 and num_seqs <= 35 and mean_seq_len > 861 and 2914 < max_seq_len <= 4869: triton_prefill_chunked.v64, 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill
+#   14. total_seq_len <= 6888 and num_seqs > 35 and mean_seq_len > 25 and 105 < max_seq_len <= 140: triton_prefill_fused.c16v32, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
+#   15. total_seq_len <= 6888 and num_seqs > 35 and mean_seq_len > 25 and 140 < max_seq_len <= 362: triton_prefill_fused.c16v64, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
+#   16. total_seq_len <= 6888 and num_seqs > 35 and mean_seq_len > 25 and 362 < max_seq_len <= 629: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill
+#   17. num_seqs <= 35 and mean_seq_len <= 861 and max_seq_len > 6441: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   18. num_seqs <= 35 and mean_seq_len > 861 and max_seq_len > 4869: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   19. 35 < num_seqs <= 181 and mean_seq_len <= 25 and 490 < max_seq_len <= 628: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   20. 35 < num_seqs <= 181 and mean_seq_len <= 25 and max_seq_len > 628: triton_prefill_chunked.v64, 1 workloads, 1.86x (1.86x .. 1.86x) over vllm_flashinfer_prefill
+#   21. 35 < num_seqs <= 181 and mean_seq_len > 25 and max_seq_len <= 105: triton_prefill_fused.c16v64, 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill
+#   22. num_seqs > 35 and mean_seq_len <= 4 and 157 < max_seq_len <= 339: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   23. num_seqs > 35 and mean_seq_len <= 25 and 339 < max_seq_len <= 490: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   24. num_seqs > 35 and 4 < mean_seq_len <= 25 and 157 < max_seq_len <= 339: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   25. num_seqs > 35 and mean_seq_len > 144 and 629 < max_seq_len <= 5792: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill
+#   26. num_seqs > 35 and mean_seq_len > 144 and max_seq_len > 5792: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   27. num_seqs > 181 and mean_seq_len <= 25 and max_seq_len > 490: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.78x (1.31x .. 2.44x) over vllm_flashinfer_prefill
+#   28. num_seqs > 181 and mean_seq_len > 25 and max_seq_len <= 105: triton_prefill_fused.c16v64, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   29. total_seq_len > 26 and num_seqs <= 35 and max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 2 workloads, 7.15x (6.74x .. 7.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   30. 86 < total_seq_len <= 608 and num_seqs <= 35 and 13 < max_seq_len <= 68: cuda_prefill_pool_rows.k8c8, 7 workloads, 6.99x (4.33x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   31. 215 < total_seq_len <= 430 and num_seqs <= 35 and mean_seq_len <= 75 and 68 < max_seq_len <= 723: triton_prefill_fused.c16v32, 4 workloads, 4.24x (3.20x .. 5.99x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   32. 215 < total_seq_len <= 430 and num_seqs > 35 and mean_seq_len <= 25 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.26x (2.26x .. 2.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   33. 215 < total_seq_len <= 430 and num_seqs > 35 and mean_seq_len <= 25 and 9 < max_seq_len <= 157: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.58x (2.58x .. 2.58x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
+#   34. 430 < total_seq_len <= 634 and num_seqs > 35 and mean_seq_len <= 25 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.50x (1.88x .. 3.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   35. 430 < total_seq_len <= 634 and num_seqs > 35 and mean_seq_len <= 25 and 30 < max_seq_len <= 157: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   36. 430 < total_seq_len <= 861 and num_seqs <= 35 and 68 < max_seq_len <= 595: triton_prefill_fused.c16v32, 9 workloads, 4.16x (2.54x .. 6.74x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   37. 430 < total_seq_len <= 861 and num_seqs <= 35 and 595 < max_seq_len <= 723: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
+#   38. total_seq_len > 608 and num_seqs <= 35 and 13 < max_seq_len <= 54: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   39. total_seq_len > 608 and num_seqs <= 35 and 54 < max_seq_len <= 68: triton_prefill_fused.c16v64, 1 workloads, 6.88x (6.88x .. 6.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   40. total_seq_len > 634 and num_seqs > 35 and mean_seq_len <= 25 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.99x (2.33x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
+#   41. total_seq_len > 634 and num_seqs > 35 and mean_seq_len <= 25 and 49 < max_seq_len <= 157: triton_prefill_fused.c16v64, 1 workloads, 3.51x (3.51x .. 3.51x) over vllm_flashinfer_prefill
+#   42. 861 < total_seq_len <= 6888 and num_seqs <= 35 and 68 < max_seq_len <= 723: triton_prefill_fused.c16v64, 14 workloads, 4.74x (1.62x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   43. total_seq_len > 1722 and num_seqs <= 35 and 723 < max_seq_len <= 900: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.64x (2.64x .. 2.64x) over vllm_flashinfer_prefill
+#   44. total_seq_len > 3444 and num_seqs <= 35 and 900 < max_seq_len <= 2914: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.85x (1.40x .. 3.50x) over vllm_flashinfer_prefill
+#   45. total_seq_len > 4871 and num_seqs > 35 and 25 < mean_seq_len <= 144 and max_seq_len > 629: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   46. total_seq_len > 6888 and num_seqs <= 35 and mean_seq_len <= 861 and 2914 < max_seq_len <= 6441: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   47. total_seq_len > 6888 and num_seqs <= 35 and 68 < max_seq_len <= 723: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.29x (2.29x .. 2.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   48. total_seq_len > 6888 and num_seqs <= 35 and mean_seq_len > 861 and 2914 < max_seq_len <= 4869: vllm_flashinfer_prefill (baseline), 0 workloads
+#   49. total_seq_len > 6888 and 35 < num_seqs <= 181 and mean_seq_len > 25 and 140 < max_seq_len <= 629: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   50. total_seq_len > 6888 and num_seqs > 35 and mean_seq_len > 25 and 105 < max_seq_len <= 140: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   51. total_seq_len > 6888 and num_seqs > 181 and mean_seq_len > 25 and 140 < max_seq_len <= 629: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (6, 13), 'num_seqs': (21, 51), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (51, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.1, 1.11, 1.11), 'fallbacks': ()},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (32, 50), 'num_seqs': (None, 5), 'total_seq_len': (None, 1299)}, 'workloads': 1, 'speedup': (3.91, 3.91, 3.91), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (29, 32), 'num_seqs': (None, 11), 'total_seq_len': (None, 1299)}, 'workloads': 1, 'speedup': (4.69, 4.69, 4.69), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (50, None), 'mean_seq_len': (None, 724), 'num_seqs': (None, 51), 'total_seq_len': (None, 1299)}, 'workloads': 38, 'speedup': (1.07, 2.31, 5.8), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (50, None), 'mean_seq_len': (724, None), 'num_seqs': (None, 51), 'total_seq_len': (None, 1299)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (32, 50), 'num_seqs': (5, 51), 'total_seq_len': (None, 1299)}, 'workloads': 1, 'speedup': (5.24, 5.24, 5.24), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, 32), 'num_seqs': (11, 51), 'total_seq_len': (None, 1299)}, 'workloads': 1, 'speedup': (5.6, 5.6, 5.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.39, 1.39, 1.39), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (125, 161), 'mean_seq_len': (2, None), 'num_seqs': (51, 79), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 5)}, 'workloads': 2, 'speedup': (8.64, 9.24, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (7.62, 7.62, 7.62), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 18), 'mean_seq_len': (None, 5), 'num_seqs': (None, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (18, 29), 'mean_seq_len': (None, 5), 'num_seqs': (None, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 29), 'mean_seq_len': (5, None), 'num_seqs': (None, 21)}, 'workloads': 4, 'speedup': (5.83, 6.46, 6.97), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (5, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (11, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (21, 51)}, 'workloads': 1, 'speedup': (1.8, 1.8, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 6), 'num_seqs': (21, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (13, 29), 'num_seqs': (21, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (161, 636), 'mean_seq_len': (2, None), 'num_seqs': (51, 79)}, 'workloads': 2, 'speedup': (1.1, 1.11, 1.11), 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, None), 'mean_seq_len': (2, None), 'num_seqs': (51, 79)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (51, 90)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 13), 'mean_seq_len': (None, 2), 'num_seqs': (51, 90)}, 'workloads': 1, 'speedup': (1.65, 1.65, 1.65), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (2, None), 'num_seqs': (51, 90)}, 'workloads': 2, 'speedup': (1.31, 1.43, 1.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (8, 11), 'mean_seq_len': (2, None), 'num_seqs': (51, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (125, 273), 'mean_seq_len': (2, None), 'num_seqs': (79, 192)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (273, None), 'mean_seq_len': (2, None), 'num_seqs': (79, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (90, 159)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 13), 'mean_seq_len': (None, 2), 'num_seqs': (90, 159)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'num_seqs': (159, None)}, 'workloads': 3, 'speedup': (1.41, 1.42, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 273), 'mean_seq_len': (2, None), 'num_seqs': (192, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (6, 13), 'num_seqs': (21, 51), 'total_seq_len': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (181, None), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (51, 181), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.11, 1.11, 1.12), 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (None, 11), 'total_seq_len': (1299, 4833)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 39, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, 1794), 'mean_seq_len': (None, 306), 'num_seqs': (None, 51), 'total_seq_len': (1299, 4833)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': (), 'hand_back': True},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, 1444), 'num_seqs': (None, 51), 'total_seq_len': (1299, 4833)}, 'workloads': 9, 'speedup': (1.1, 2.61, 5.16), 'fallbacks': ()},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 1794), 'mean_seq_len': (306, None), 'num_seqs': (None, 51), 'total_seq_len': (1299, 4833)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 42, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (11, 51), 'total_seq_len': (1299, 4833)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 43, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': (), 'hand_back': True},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, 2000), 'num_seqs': (None, 51), 'total_seq_len': (4833, 20107)}, 'workloads': 5, 'speedup': (1.04, 1.83, 3.51), 'fallbacks': ()},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2000, None), 'num_seqs': (None, 51), 'total_seq_len': (4833, 20107)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 161), 'mean_seq_len': (2, None), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, 1810), 'num_seqs': (None, 51), 'total_seq_len': (20107, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1810, None), 'num_seqs': (None, 51), 'total_seq_len': (20107, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (3, 7), 'num_seqs': (None, 21), 'total_seq_len': (None, 37)}, 'workloads': 1, 'speedup': (7.62, 7.62, 7.62), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (12, 29), 'num_seqs': (21, 51), 'total_seq_len': (None, 76)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (6, 12), 'num_seqs': (21, 51), 'total_seq_len': (None, 107)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (13, 22), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (None, 152)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (22, 140), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (None, 152)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 1), 'num_seqs': (51, None), 'total_seq_len': (None, 304)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (1, 2), 'num_seqs': (51, None), 'total_seq_len': (None, 304)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 13), 'mean_seq_len': (1, 2), 'num_seqs': (51, None), 'total_seq_len': (None, 304)}, 'workloads': 1, 'speedup': (1.65, 1.65, 1.65), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (10, 17), 'mean_seq_len': (2, None), 'num_seqs': (51, None), 'total_seq_len': (None, 304)}, 'workloads': 1, 'speedup': (1.3, 1.3, 1.3), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 125), 'mean_seq_len': (2, None), 'num_seqs': (51, None), 'total_seq_len': (None, 304)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (140, None), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (None, 430)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (6, 10), 'mean_seq_len': (2, None), 'num_seqs': (51, None), 'total_seq_len': (None, 1217)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (29, 42), 'num_seqs': (2, 11), 'total_seq_len': (None, 6888)}, 'workloads': 1, 'speedup': (4.69, 4.69, 4.69), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (42, 1436), 'num_seqs': (2, 51), 'total_seq_len': (None, 6888)}, 'workloads': 39, 'speedup': (1.04, 2.56, 5.8), 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1436, None), 'num_seqs': (2, 51), 'total_seq_len': (None, 6888)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, 42), 'num_seqs': (11, 51), 'total_seq_len': (None, 6888)}, 'workloads': 1, 'speedup': (5.6, 5.6, 5.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (125, 161), 'mean_seq_len': (2, None), 'num_seqs': (51, 79), 'total_seq_len': (None, 6888)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (29, 57), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (57, 1023), 'num_seqs': (None, 2)}, 'workloads': 11, 'speedup': (1.09, 1.85, 2.75), 'fallbacks': ()},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1023, None), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (None, 11)}, 'workloads': 2, 'speedup': (8.64, 9.24, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 18), 'mean_seq_len': (None, 4), 'num_seqs': (None, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (18, 29), 'mean_seq_len': (None, 4), 'num_seqs': (None, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 29), 'mean_seq_len': (4, None), 'num_seqs': (None, 21)}, 'workloads': 4, 'speedup': (5.83, 6.46, 6.97), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (11, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (21, 51)}, 'workloads': 1, 'speedup': (1.8, 1.8, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 6), 'num_seqs': (21, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (161, 636), 'mean_seq_len': (2, None), 'num_seqs': (51, 79)}, 'workloads': 2, 'speedup': (1.1, 1.11, 1.11), 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, None), 'mean_seq_len': (2, None), 'num_seqs': (51, 79)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 13), 'mean_seq_len': (None, 1), 'num_seqs': (51, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (2, None), 'num_seqs': (51, None)}, 'workloads': 2, 'speedup': (1.39, 1.48, 1.56), 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (125, 273), 'mean_seq_len': (2, None), 'num_seqs': (79, 192)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (273, None), 'mean_seq_len': (2, None), 'num_seqs': (79, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 273), 'mean_seq_len': (2, None), 'num_seqs': (192, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 7), 'num_seqs': (None, 21), 'total_seq_len': (37, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (12, 29), 'num_seqs': (21, 51), 'total_seq_len': (76, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 37, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (6, 12), 'num_seqs': (21, 51), 'total_seq_len': (107, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (13, 140), 'mean_seq_len': (None, 2), 'num_seqs': (51, 90), 'total_seq_len': (152, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (13, 140), 'mean_seq_len': (None, 2), 'num_seqs': (90, None), 'total_seq_len': (152, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 40, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (10, 125), 'mean_seq_len': (2, None), 'num_seqs': (181, None), 'total_seq_len': (304, 1217)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (10, 125), 'mean_seq_len': (2, None), 'num_seqs': (51, 181), 'total_seq_len': (304, None)}, 'workloads': 5, 'speedup': (1.11, 1.11, 1.12), 'fallbacks': ()},
+    {'region': 42, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (304, None)}, 'workloads': 2, 'speedup': (1.42, 1.43, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 43, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (3, 13), 'mean_seq_len': (1, 2), 'num_seqs': (51, None), 'total_seq_len': (304, None)}, 'workloads': 1, 'speedup': (1.41, 1.41, 1.41), 'fallbacks': ()},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (140, None), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (430, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 45, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (6, 10), 'mean_seq_len': (2, None), 'num_seqs': (51, None), 'total_seq_len': (1217, None)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': (), 'hand_back': True},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (10, 125), 'mean_seq_len': (2, None), 'num_seqs': (181, None), 'total_seq_len': (1217, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, 2000), 'num_seqs': (2, 51), 'total_seq_len': (6888, 23911)}, 'workloads': 4, 'speedup': (1.55, 2.1, 3.51), 'fallbacks': ()},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2000, None), 'num_seqs': (2, 51), 'total_seq_len': (6888, 23911)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 161), 'mean_seq_len': (2, None), 'num_seqs': (51, 79), 'total_seq_len': (6888, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, 1810), 'num_seqs': (2, 51), 'total_seq_len': (23911, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1810, None), 'num_seqs': (2, 51), 'total_seq_len': (23911, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 15), 'mean_seq_len': (None, 5), 'num_seqs': (None, 35), 'total_seq_len': (None, 16)}, 'workloads': 2, 'speedup': (6.79, 11.67, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 15), 'mean_seq_len': (5, None), 'num_seqs': (None, 35), 'total_seq_len': (None, 16)}, 'workloads': 1, 'speedup': (6.73, 6.73, 6.73), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (15, 97), 'num_seqs': (None, 35), 'total_seq_len': (None, 102)}, 'workloads': 2, 'speedup': (2.71, 4.1, 6.2), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (97, 1021), 'num_seqs': (2, 35), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.54, 3.61, 3.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 22), 'num_seqs': (35, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 64), 'mean_seq_len': (None, 22), 'num_seqs': (35, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.29, 4.29, 4.29), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (97, 209), 'num_seqs': (None, 2), 'total_seq_len': (None, 374)}, 'workloads': 3, 'speedup': (3.24, 4.2, 4.85), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (209, 1021), 'num_seqs': (None, 2), 'total_seq_len': (None, 374)}, 'workloads': 3, 'speedup': (2.55, 3.02, 3.37), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (64, 157), 'mean_seq_len': (None, 11), 'num_seqs': (35, 90), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (2.22, 2.63, 3.1), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (157, None), 'mean_seq_len': (None, 11), 'num_seqs': (35, 90), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, None), 'mean_seq_len': (None, 11), 'num_seqs': (90, 181), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (64, None), 'mean_seq_len': (None, 11), 'num_seqs': (181, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1021, 2563), 'num_seqs': (None, 35), 'total_seq_len': (None, 2896)}, 'workloads': 5, 'speedup': (2.48, 3.0, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, 678), 'mean_seq_len': (11, 22), 'num_seqs': (35, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (3.51, 3.51, 3.51), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (678, None), 'mean_seq_len': (11, None), 'num_seqs': (35, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.13, 1.45, 1.86), 'fallbacks': ()},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (64, 678), 'mean_seq_len': (22, None), 'num_seqs': (35, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ()},
-    {'region': 17, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (2563, None), 'mean_seq_len': (724, None), 'num_seqs': (None, 35), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (2.14, 2.14, 2.14), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2563, 5420), 'mean_seq_len': (None, 724), 'num_seqs': (None, 35)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'mean_seq_len': (None, 724), 'num_seqs': (None, 35)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 64), 'mean_seq_len': (22, None), 'num_seqs': (35, 181)}, 'workloads': 1, 'speedup': (1.63, 1.63, 1.63), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 64), 'mean_seq_len': (22, None), 'num_seqs': (181, None)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': (), 'hand_back': True},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 15), 'num_seqs': (None, 35), 'total_seq_len': (16, None)}, 'workloads': 3, 'speedup': (6.74, 9.08, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (15, 97), 'num_seqs': (None, 35), 'total_seq_len': (102, None)}, 'workloads': 9, 'speedup': (3.58, 6.49, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (None, 22), 'num_seqs': (35, None), 'total_seq_len': (181, 362)}, 'workloads': 1, 'speedup': (2.26, 2.26, 2.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (9, 64), 'mean_seq_len': (None, 22), 'num_seqs': (35, None), 'total_seq_len': (181, 362)}, 'workloads': 1, 'speedup': (2.58, 2.58, 2.58), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (97, 1021), 'num_seqs': (2, 35), 'total_seq_len': (181, 374)}, 'workloads': 4, 'speedup': (3.2, 4.24, 5.99), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 22), 'num_seqs': (35, None), 'total_seq_len': (362, 533)}, 'workloads': 2, 'speedup': (2.72, 2.93, 3.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, 64), 'mean_seq_len': (None, 22), 'num_seqs': (35, None), 'total_seq_len': (362, 533)}, 'workloads': 2, 'speedup': (1.93, 2.17, 2.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (97, 1021), 'mean_seq_len': (328, None), 'num_seqs': (None, 35), 'total_seq_len': (374, 2896)}, 'workloads': 6, 'speedup': (1.91, 3.17, 6.28), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (97, 651), 'mean_seq_len': (None, 328), 'num_seqs': (None, 35), 'total_seq_len': (374, None)}, 'workloads': 18, 'speedup': (1.77, 4.98, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 31, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (651, 1021), 'mean_seq_len': (None, 328), 'num_seqs': (None, 35), 'total_seq_len': (374, None)}, 'workloads': 4, 'speedup': (2.05, 3.67, 4.66), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (None, 22), 'num_seqs': (35, None), 'total_seq_len': (533, None)}, 'workloads': 6, 'speedup': (2.33, 2.9, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 64), 'mean_seq_len': (None, 22), 'num_seqs': (35, None), 'total_seq_len': (533, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32')},
-    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, 362), 'mean_seq_len': (None, 11), 'num_seqs': (35, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (None, 11), 'num_seqs': (35, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.31, 1.78, 2.44), 'fallbacks': ()},
-    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, 362), 'mean_seq_len': (11, None), 'num_seqs': (35, None), 'total_seq_len': (2896, 6835)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (11, None), 'num_seqs': (35, None), 'total_seq_len': (2896, 6835)}, 'workloads': 1, 'speedup': (1.78, 1.78, 1.78), 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1021, 2563), 'num_seqs': (None, 35), 'total_seq_len': (2896, None)}, 'workloads': 5, 'speedup': (1.4, 1.85, 3.5), 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (97, 1021), 'mean_seq_len': (328, None), 'num_seqs': (None, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.29, 2.29, 2.29), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2563, None), 'mean_seq_len': (724, None), 'num_seqs': (None, 35), 'total_seq_len': (5792, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1448, None), 'mean_seq_len': (11, None), 'num_seqs': (112, None), 'total_seq_len': (6835, 11585)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (64, 1448), 'mean_seq_len': (11, 144), 'num_seqs': (35, None), 'total_seq_len': (6835, 23454)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (64, 1448), 'mean_seq_len': (144, None), 'num_seqs': (35, None), 'total_seq_len': (6835, 23454)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': (), 'hand_back': True},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1448, None), 'mean_seq_len': (11, None), 'num_seqs': (35, 112), 'total_seq_len': (6835, 23514)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1448, None), 'mean_seq_len': (11, None), 'num_seqs': (112, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (64, 362), 'mean_seq_len': (11, None), 'num_seqs': (35, None), 'total_seq_len': (23454, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, 1448), 'mean_seq_len': (11, None), 'num_seqs': (35, None), 'total_seq_len': (23454, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1448, None), 'mean_seq_len': (11, None), 'num_seqs': (35, 112), 'total_seq_len': (23514, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 5), 'num_seqs': (None, 35), 'total_seq_len': (None, 26)}, 'workloads': 2, 'speedup': (6.79, 11.67, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (5, None), 'num_seqs': (None, 35), 'total_seq_len': (None, 26)}, 'workloads': 2, 'speedup': (6.73, 9.92, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (13, 68), 'num_seqs': (None, 35), 'total_seq_len': (None, 86)}, 'workloads': 2, 'speedup': (2.71, 4.1, 6.2), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (68, 723), 'mean_seq_len': (None, 75), 'num_seqs': (None, 35), 'total_seq_len': (None, 215)}, 'workloads': 3, 'speedup': (3.54, 3.66, 3.78), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 25), 'num_seqs': (35, None), 'total_seq_len': (None, 215)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 157), 'mean_seq_len': (None, 25), 'num_seqs': (35, None), 'total_seq_len': (None, 215)}, 'workloads': 3, 'speedup': (2.22, 3.09, 4.29), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (68, 209), 'mean_seq_len': (75, None), 'num_seqs': (None, 35), 'total_seq_len': (None, 430)}, 'workloads': 3, 'speedup': (3.24, 4.2, 4.85), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (209, 723), 'mean_seq_len': (75, None), 'num_seqs': (None, 35), 'total_seq_len': (None, 430)}, 'workloads': 3, 'speedup': (2.55, 3.02, 3.37), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (723, 900), 'num_seqs': (None, 35), 'total_seq_len': (None, 1722)}, 'workloads': 3, 'speedup': (3.15, 3.91, 4.43), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (900, 2914), 'num_seqs': (None, 35), 'total_seq_len': (None, 3444)}, 'workloads': 6, 'speedup': (2.48, 3.23, 4.66), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 11, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (629, None), 'mean_seq_len': (25, 144), 'num_seqs': (35, None), 'total_seq_len': (None, 4871)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
+    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (2914, 6441), 'mean_seq_len': (None, 861), 'num_seqs': (None, 35), 'total_seq_len': (None, 6888)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (2914, 4869), 'mean_seq_len': (861, None), 'num_seqs': (None, 35), 'total_seq_len': (None, 6888)}, 'workloads': 1, 'speedup': (2.14, 2.14, 2.14), 'fallbacks': ()},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (105, 140), 'mean_seq_len': (25, None), 'num_seqs': (35, None), 'total_seq_len': (None, 6888)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ()},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (140, 362), 'mean_seq_len': (25, None), 'num_seqs': (35, None), 'total_seq_len': (None, 6888)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, 629), 'mean_seq_len': (25, None), 'num_seqs': (35, None), 'total_seq_len': (None, 6888)}, 'workloads': 1, 'speedup': (1.78, 1.78, 1.78), 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (6441, None), 'mean_seq_len': (None, 861), 'num_seqs': (None, 35)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4869, None), 'mean_seq_len': (861, None), 'num_seqs': (None, 35)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (490, 628), 'mean_seq_len': (None, 25), 'num_seqs': (35, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (628, None), 'mean_seq_len': (None, 25), 'num_seqs': (35, 181)}, 'workloads': 1, 'speedup': (1.86, 1.86, 1.86), 'fallbacks': ()},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 105), 'mean_seq_len': (25, None), 'num_seqs': (35, 181)}, 'workloads': 1, 'speedup': (1.63, 1.63, 1.63), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (157, 339), 'mean_seq_len': (None, 4), 'num_seqs': (35, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (339, 490), 'mean_seq_len': (None, 25), 'num_seqs': (35, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (157, 339), 'mean_seq_len': (4, 25), 'num_seqs': (35, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (629, 5792), 'mean_seq_len': (144, None), 'num_seqs': (35, None)}, 'workloads': 1, 'speedup': (1.88, 1.88, 1.88), 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5792, None), 'mean_seq_len': (144, None), 'num_seqs': (35, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (490, None), 'mean_seq_len': (None, 25), 'num_seqs': (181, None)}, 'workloads': 2, 'speedup': (1.31, 1.78, 2.44), 'fallbacks': ()},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 105), 'mean_seq_len': (25, None), 'num_seqs': (181, None)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': (), 'hand_back': True},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 13), 'num_seqs': (None, 35), 'total_seq_len': (26, None)}, 'workloads': 2, 'speedup': (6.74, 7.15, 7.59), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (13, 68), 'num_seqs': (None, 35), 'total_seq_len': (86, 608)}, 'workloads': 7, 'speedup': (4.33, 6.99, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (68, 723), 'mean_seq_len': (None, 75), 'num_seqs': (None, 35), 'total_seq_len': (215, 430)}, 'workloads': 4, 'speedup': (3.2, 4.24, 5.99), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (None, 25), 'num_seqs': (35, None), 'total_seq_len': (215, 430)}, 'workloads': 1, 'speedup': (2.26, 2.26, 2.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (9, 157), 'mean_seq_len': (None, 25), 'num_seqs': (35, None), 'total_seq_len': (215, 430)}, 'workloads': 1, 'speedup': (2.58, 2.58, 2.58), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (None, 25), 'num_seqs': (35, None), 'total_seq_len': (430, 634)}, 'workloads': 5, 'speedup': (1.88, 2.5, 3.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (30, 157), 'mean_seq_len': (None, 25), 'num_seqs': (35, None), 'total_seq_len': (430, 634)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 36, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (68, 595), 'num_seqs': (None, 35), 'total_seq_len': (430, 861)}, 'workloads': 9, 'speedup': (2.54, 4.16, 6.74), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 37, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (595, 723), 'num_seqs': (None, 35), 'total_seq_len': (430, 861)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (13, 54), 'num_seqs': (None, 35), 'total_seq_len': (608, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 39, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (54, 68), 'num_seqs': (None, 35), 'total_seq_len': (608, None)}, 'workloads': 1, 'speedup': (6.88, 6.88, 6.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 40, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (None, 25), 'num_seqs': (35, None), 'total_seq_len': (634, None)}, 'workloads': 5, 'speedup': (2.33, 2.99, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
+    {'region': 41, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 157), 'mean_seq_len': (None, 25), 'num_seqs': (35, None), 'total_seq_len': (634, None)}, 'workloads': 1, 'speedup': (3.51, 3.51, 3.51), 'fallbacks': ()},
+    {'region': 42, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (68, 723), 'num_seqs': (None, 35), 'total_seq_len': (861, 6888)}, 'workloads': 14, 'speedup': (1.62, 4.74, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (723, 900), 'num_seqs': (None, 35), 'total_seq_len': (1722, None)}, 'workloads': 1, 'speedup': (2.64, 2.64, 2.64), 'fallbacks': ()},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (900, 2914), 'num_seqs': (None, 35), 'total_seq_len': (3444, None)}, 'workloads': 5, 'speedup': (1.4, 1.85, 3.5), 'fallbacks': ()},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (629, None), 'mean_seq_len': (25, 144), 'num_seqs': (35, None), 'total_seq_len': (4871, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2914, 6441), 'mean_seq_len': (None, 861), 'num_seqs': (None, 35), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (68, 723), 'num_seqs': (None, 35), 'total_seq_len': (6888, None)}, 'workloads': 1, 'speedup': (2.29, 2.29, 2.29), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2914, 4869), 'mean_seq_len': (861, None), 'num_seqs': (None, 35), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (140, 629), 'mean_seq_len': (25, None), 'num_seqs': (35, 181), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (105, 140), 'mean_seq_len': (25, None), 'num_seqs': (35, None), 'total_seq_len': (6888, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (140, 629), 'mean_seq_len': (25, None), 'num_seqs': (181, None), 'total_seq_len': (6888, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -400,152 +410,155 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13:
+    # region 1: 1 workloads, 7.62x (7.62x .. 7.62x) over vllm_flashinfer_prefill
+    if total_seq_len <= 37 and num_seqs <= 21 and 3 < max_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 76 and 21 < num_seqs <= 51 and 12 < max_seq_len <= 29:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 107 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 12:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13:
+    # region 4: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 152 and num_seqs > 51 and mean_seq_len <= 2 and 13 < max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 152 and num_seqs > 51 and mean_seq_len <= 2 and 22 < max_seq_len <= 140:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 3: 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 51 and mean_seq_len > 2 and 11 < max_seq_len <= 125:
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 304 and num_seqs > 51 and mean_seq_len <= 1 and max_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 7: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 304 and num_seqs > 51 and 1 < mean_seq_len <= 2 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill
+    if total_seq_len <= 304 and num_seqs > 51 and 1 < mean_seq_len <= 2 and 4 < max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 9: 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill
+    if total_seq_len <= 304 and num_seqs > 51 and mean_seq_len > 2 and 10 < max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 304 and num_seqs > 51 and mean_seq_len > 2 and 17 < max_seq_len <= 125:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 4: 1 workloads, 3.91x (3.91x .. 3.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1299 and num_seqs <= 5 and 32 < max_seq_len <= 50:
-        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1299 and num_seqs <= 11 and 29 < max_seq_len <= 32:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 38 workloads, 2.31x (1.07x .. 5.80x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1299 and num_seqs <= 51 and mean_seq_len <= 724 and max_seq_len > 50:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 7: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1299 and num_seqs <= 51 and mean_seq_len > 724 and max_seq_len > 50:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 1 workloads, 5.24x (5.24x .. 5.24x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1299 and 5 < num_seqs <= 51 and 32 < max_seq_len <= 50:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1299 and 11 < num_seqs <= 51 and 29 < max_seq_len <= 32:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11:
-        return 'cuda_prefill_pool_rows.k2c8'
     # region 11: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161:
+    if total_seq_len <= 430 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 140:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 2 workloads, 9.24x (8.64x .. 9.88x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 13: 1 workloads, 7.62x (7.62x .. 7.62x) over vllm_flashinfer_prefill
-    if num_seqs <= 11 and 2 < max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 21 and mean_seq_len <= 5 and 7 < max_seq_len <= 18:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 21 and mean_seq_len <= 5 and 18 < max_seq_len <= 29:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 16: 4 workloads, 6.46x (5.83x .. 6.97x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and mean_seq_len > 5 and 7 < max_seq_len <= 29:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 12: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1217 and num_seqs > 51 and mean_seq_len > 2 and 6 < max_seq_len <= 10:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 13: 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and 2 < num_seqs <= 11 and 29 < max_seq_len <= 42:
+        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 14: 39 workloads, 2.56x (1.04x .. 5.80x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and 2 < num_seqs <= 51 and 42 < max_seq_len <= 1436:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 15: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 6888 and 2 < num_seqs <= 51 and max_seq_len > 1436:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 16: 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and 11 < num_seqs <= 51 and 29 < max_seq_len <= 42:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if 5 < num_seqs <= 21 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    if total_seq_len <= 6888 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161:
+        return 'vllm_flashinfer_prefill.cp_off'
     # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if 11 < num_seqs <= 21 and 2 < max_seq_len <= 7:
+    if num_seqs <= 2 and 29 < max_seq_len <= 57:
+        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 19: 11 workloads, 1.85x (1.09x .. 2.75x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and 57 < max_seq_len <= 1023:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 20: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 2 and max_seq_len > 1023:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 21: 2 workloads, 9.24x (8.64x .. 9.88x) over vllm_flashinfer_prefill
+    if num_seqs <= 11 and max_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 21 and mean_seq_len <= 4 and 7 < max_seq_len <= 18:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 21 and mean_seq_len <= 4 and 18 < max_seq_len <= 29:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 24: 4 workloads, 6.46x (5.83x .. 6.97x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and mean_seq_len > 4 and 7 < max_seq_len <= 29:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if 11 < num_seqs <= 21 and max_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 19: 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill
-    if 21 < num_seqs <= 51 and max_seq_len <= 3:
+    # region 26: 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill
+    if 21 < num_seqs <= 51 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if 21 < num_seqs <= 51 and 3 < max_seq_len <= 6:
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if 21 < num_seqs <= 51 and 2 < max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if 21 < num_seqs <= 51 and 13 < max_seq_len <= 29:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 22: 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
+    # region 28: 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
     if 51 < num_seqs <= 79 and mean_seq_len > 2 and 161 < max_seq_len <= 636:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 23: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 29: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 51 < num_seqs <= 79 and mean_seq_len > 2 and max_seq_len > 636:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
-    if 51 < num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill
-    if 51 < num_seqs <= 90 and mean_seq_len <= 2 and 3 < max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 26: 2 workloads, 1.43x (1.31x .. 1.56x) over vllm_flashinfer_prefill
-    if 51 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if 51 < num_seqs <= 90 and mean_seq_len > 2 and 8 < max_seq_len <= 11:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 28: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 51 and mean_seq_len <= 1 and 3 < max_seq_len <= 13:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 31: 2 workloads, 1.48x (1.39x .. 1.56x) over vllm_flashinfer_prefill
+    if num_seqs > 51 and mean_seq_len > 2 and max_seq_len <= 6:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 32: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
     if 79 < num_seqs <= 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 29: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 33: 5 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 79 and mean_seq_len > 2 and max_seq_len > 273:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 90 < num_seqs <= 159 and mean_seq_len <= 2 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if 90 < num_seqs <= 159 and mean_seq_len <= 2 and 6 < max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 32: 3 workloads, 1.42x (1.41x .. 1.44x) over vllm_flashinfer_prefill
-    if num_seqs > 159 and mean_seq_len <= 2 and max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 33: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
-    if 724 < total_seq_len <= 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 37 and num_seqs <= 21 and 3 < max_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 76 and 21 < num_seqs <= 51 and 12 < max_seq_len <= 29:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 37: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 107 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 12:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 38: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 152 and 51 < num_seqs <= 90 and mean_seq_len <= 2 and 13 < max_seq_len <= 140:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 40: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+    if 304 < total_seq_len <= 1217 and num_seqs > 181 and mean_seq_len > 2 and 10 < max_seq_len <= 125:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 37: 4 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and 51 < num_seqs <= 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:
+    # region 41: 5 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
+    if total_seq_len > 304 and 51 < num_seqs <= 181 and mean_seq_len > 2 and 10 < max_seq_len <= 125:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 1299 < total_seq_len <= 4833 and num_seqs <= 11 and max_seq_len > 1794:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill's guarded call
-    if 1299 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len <= 306 and 1444 < max_seq_len <= 1794:
-        return 'triton_prefill_chunked.v64'
-    # region 40: 9 workloads, 2.61x (1.10x .. 5.16x) over vllm_flashinfer_prefill
-    if 1299 < total_seq_len <= 4833 and num_seqs <= 51 and 29 < max_seq_len <= 1444:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 1299 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len > 306 and 1444 < max_seq_len <= 1794:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 0 workloads, by estimated times (no measured workload in it)
-    if 1299 < total_seq_len <= 4833 and 11 < num_seqs <= 51 and max_seq_len > 1794:
-        return 'triton_prefill_chunked.v64'
-    # region 43: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11:
+    # region 42: 2 workloads, 1.43x (1.42x .. 1.44x) over vllm_flashinfer_prefill
+    if total_seq_len > 304 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 43: 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
+    if total_seq_len > 304 and num_seqs > 51 and 1 < mean_seq_len <= 2 and 3 < max_seq_len <= 13:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:
+    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 430 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 140:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 45: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1217 and num_seqs > 51 and mean_seq_len > 2 and 6 < max_seq_len <= 10:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 46: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1217 and num_seqs > 181 and mean_seq_len > 2 and 10 < max_seq_len <= 125:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 5 workloads, 1.83x (1.04x .. 3.51x) over vllm_flashinfer_prefill
-    if 4833 < total_seq_len <= 20107 and num_seqs <= 51 and 29 < max_seq_len <= 2000:
+    # region 47: 4 workloads, 2.10x (1.55x .. 3.51x) over vllm_flashinfer_prefill
+    if 6888 < total_seq_len <= 23911 and 2 < num_seqs <= 51 and 29 < max_seq_len <= 2000:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 46: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 4833 < total_seq_len <= 20107 and num_seqs <= 51 and max_seq_len > 2000:
+    # region 48: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 6888 < total_seq_len <= 23911 and 2 < num_seqs <= 51 and max_seq_len > 2000:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161:
+    # region 49: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6888 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 20107 and num_seqs <= 51 and 29 < max_seq_len <= 1810:
+    # region 50: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23911 and 2 < num_seqs <= 51 and 29 < max_seq_len <= 1810:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 49: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 20107 and num_seqs <= 51 and max_seq_len > 1810:
+    # region 51: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 23911 and 2 < num_seqs <= 51 and max_seq_len > 1810:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -554,175 +567,169 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 2 workloads, 11.67x (6.79x .. 20.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 16 and num_seqs <= 35 and mean_seq_len <= 5 and max_seq_len <= 15:
+    if total_seq_len <= 26 and num_seqs <= 35 and mean_seq_len <= 5 and max_seq_len <= 13:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 1 workloads, 6.73x (6.73x .. 6.73x) over vllm_flashinfer_prefill
-    if total_seq_len <= 16 and num_seqs <= 35 and mean_seq_len > 5 and max_seq_len <= 15:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 2 workloads, 9.92x (6.73x .. 14.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 26 and num_seqs <= 35 and mean_seq_len > 5 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 3: 2 workloads, 4.10x (2.71x .. 6.20x) over vllm_flashinfer_prefill
-    if total_seq_len <= 102 and num_seqs <= 35 and 15 < max_seq_len <= 97:
+    if total_seq_len <= 86 and num_seqs <= 35 and 13 < max_seq_len <= 68:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 2 workloads, 3.61x (3.54x .. 3.68x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 2 < num_seqs <= 35 and 97 < max_seq_len <= 1021:
+    # region 4: 3 workloads, 3.66x (3.54x .. 3.78x) over vllm_flashinfer_prefill
+    if total_seq_len <= 215 and num_seqs <= 35 and mean_seq_len <= 75 and 68 < max_seq_len <= 723:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 5: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 35 and mean_seq_len <= 22 and max_seq_len <= 5:
+    if total_seq_len <= 215 and num_seqs > 35 and mean_seq_len <= 25 and max_seq_len <= 5:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 35 and mean_seq_len <= 22 and 5 < max_seq_len <= 64:
+    # region 6: 3 workloads, 3.09x (2.22x .. 4.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 215 and num_seqs > 35 and mean_seq_len <= 25 and 5 < max_seq_len <= 157:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 7: 3 workloads, 4.20x (3.24x .. 4.85x) over vllm_flashinfer_prefill
-    if total_seq_len <= 374 and num_seqs <= 2 and 97 < max_seq_len <= 209:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    if total_seq_len <= 430 and num_seqs <= 35 and mean_seq_len > 75 and 68 < max_seq_len <= 209:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 8: 3 workloads, 3.02x (2.55x .. 3.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 374 and num_seqs <= 2 and 209 < max_seq_len <= 1021:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 9: 2 workloads, 2.63x (2.22x .. 3.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and 35 < num_seqs <= 90 and mean_seq_len <= 11 and 64 < max_seq_len <= 157:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 10: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 724 and 35 < num_seqs <= 90 and mean_seq_len <= 11 and max_seq_len > 157:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 724 and 90 < num_seqs <= 181 and mean_seq_len <= 11 and max_seq_len > 64:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 12: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 724 and num_seqs > 181 and mean_seq_len <= 11 and max_seq_len > 64:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 5 workloads, 3.00x (2.48x .. 3.23x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs <= 35 and 1021 < max_seq_len <= 2563:
-        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 14: 1 workloads, 3.51x (3.51x .. 3.51x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 35 and 11 < mean_seq_len <= 22 and 64 < max_seq_len <= 678:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 15: 2 workloads, 1.45x (1.13x .. 1.86x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 35 and mean_seq_len > 11 and max_seq_len > 678:
-        return 'triton_prefill_chunked.v64'
-    # region 16: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 35 and mean_seq_len > 22 and 64 < max_seq_len <= 678:
-        return 'triton_prefill_fused.c16v32'
-    # region 17: 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and num_seqs <= 35 and mean_seq_len > 724 and max_seq_len > 2563:
-        return 'triton_prefill_chunked.v64'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 35 and mean_seq_len <= 724 and 2563 < max_seq_len <= 5420:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 35 and mean_seq_len <= 724 and max_seq_len > 5420:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill
-    if 35 < num_seqs <= 181 and mean_seq_len > 22 and max_seq_len <= 64:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 21: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call
-    if num_seqs > 181 and mean_seq_len > 22 and max_seq_len <= 64:
-        return 'triton_prefill_fused.c16v64'
-    # region 22: 3 workloads, 9.08x (6.74x .. 14.63x) over vllm_flashinfer_prefill
-    if total_seq_len > 16 and num_seqs <= 35 and max_seq_len <= 15:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 23: 9 workloads, 6.49x (3.58x .. 9.95x) over vllm_flashinfer_prefill
-    if total_seq_len > 102 and num_seqs <= 35 and 15 < max_seq_len <= 97:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 24: 1 workloads, 2.26x (2.26x .. 2.26x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 362 and num_seqs > 35 and mean_seq_len <= 22 and max_seq_len <= 9:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 1 workloads, 2.58x (2.58x .. 2.58x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 362 and num_seqs > 35 and mean_seq_len <= 22 and 9 < max_seq_len <= 64:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 26: 4 workloads, 4.24x (3.20x .. 5.99x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 374 and 2 < num_seqs <= 35 and 97 < max_seq_len <= 1021:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 27: 2 workloads, 2.93x (2.72x .. 3.16x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 533 and num_seqs > 35 and mean_seq_len <= 22 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 2 workloads, 2.17x (1.93x .. 2.45x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 533 and num_seqs > 35 and mean_seq_len <= 22 and 8 < max_seq_len <= 64:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 29: 6 workloads, 3.17x (1.91x .. 6.28x) over vllm_flashinfer_prefill
-    if 374 < total_seq_len <= 2896 and num_seqs <= 35 and mean_seq_len > 328 and 97 < max_seq_len <= 1021:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 30: 18 workloads, 4.98x (1.77x .. 19.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 374 and num_seqs <= 35 and mean_seq_len <= 328 and 97 < max_seq_len <= 651:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 31: 4 workloads, 3.67x (2.05x .. 4.66x) over vllm_flashinfer_prefill
-    if total_seq_len > 374 and num_seqs <= 35 and mean_seq_len <= 328 and 651 < max_seq_len <= 1021:
+    if total_seq_len <= 430 and num_seqs <= 35 and mean_seq_len > 75 and 209 < max_seq_len <= 723:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 9: 3 workloads, 3.91x (3.15x .. 4.43x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1722 and num_seqs <= 35 and 723 < max_seq_len <= 900:
         return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 32: 6 workloads, 2.90x (2.33x .. 3.92x) over vllm_flashinfer_prefill
-    if total_seq_len > 533 and num_seqs > 35 and mean_seq_len <= 22 and max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 533 and num_seqs > 35 and mean_seq_len <= 22 and 49 < max_seq_len <= 64:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 724 and num_seqs > 35 and mean_seq_len <= 11 and 64 < max_seq_len <= 362:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 35: 2 workloads, 1.78x (1.31x .. 2.44x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs > 35 and mean_seq_len <= 11 and max_seq_len > 362:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 36: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
-    if 2896 < total_seq_len <= 6835 and num_seqs > 35 and mean_seq_len > 11 and 64 < max_seq_len <= 362:
+    # region 10: 6 workloads, 3.23x (2.48x .. 4.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and num_seqs <= 35 and 900 < max_seq_len <= 2914:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
+    # region 11: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4871 and num_seqs > 35 and 25 < mean_seq_len <= 144 and max_seq_len > 629:
+        return 'triton_prefill_chunked.v64'
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 6888 and num_seqs <= 35 and mean_seq_len <= 861 and 2914 < max_seq_len <= 6441:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
+    # region 13: 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and num_seqs <= 35 and mean_seq_len > 861 and 2914 < max_seq_len <= 4869:
+        return 'triton_prefill_chunked.v64'
+    # region 14: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and num_seqs > 35 and mean_seq_len > 25 and 105 < max_seq_len <= 140:
+        return 'triton_prefill_fused.c16v32'
+    # region 15: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and num_seqs > 35 and mean_seq_len > 25 and 140 < max_seq_len <= 362:
         return 'triton_prefill_fused.c16v64'
-    # region 37: 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill
-    if 2896 < total_seq_len <= 6835 and num_seqs > 35 and mean_seq_len > 11 and max_seq_len > 362:
+    # region 16: 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and num_seqs > 35 and mean_seq_len > 25 and 362 < max_seq_len <= 629:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 38: 5 workloads, 1.85x (1.40x .. 3.50x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs <= 35 and 1021 < max_seq_len <= 2563:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 39: 1 workloads, 2.29x (2.29x .. 2.29x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs <= 35 and mean_seq_len > 328 and 97 < max_seq_len <= 1021:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 40: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs <= 35 and mean_seq_len > 724 and max_seq_len > 2563:
+    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 35 and mean_seq_len <= 861 and max_seq_len > 6441:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 35 and mean_seq_len > 861 and max_seq_len > 4869:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 6835 < total_seq_len <= 11585 and num_seqs > 112 and mean_seq_len > 11 and max_seq_len > 1448:
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    if 35 < num_seqs <= 181 and mean_seq_len <= 25 and 490 < max_seq_len <= 628:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 20: 1 workloads, 1.86x (1.86x .. 1.86x) over vllm_flashinfer_prefill
+    if 35 < num_seqs <= 181 and mean_seq_len <= 25 and max_seq_len > 628:
+        return 'triton_prefill_chunked.v64'
+    # region 21: 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill
+    if 35 < num_seqs <= 181 and mean_seq_len > 25 and max_seq_len <= 105:
+        return 'triton_prefill_fused.c16v64'
+    # region 22: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 35 and mean_seq_len <= 4 and 157 < max_seq_len <= 339:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 23: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 35 and mean_seq_len <= 25 and 339 < max_seq_len <= 490:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 35 and 4 < mean_seq_len <= 25 and 157 < max_seq_len <= 339:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 25: 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill
+    if num_seqs > 35 and mean_seq_len > 144 and 629 < max_seq_len <= 5792:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 26: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 35 and mean_seq_len > 144 and max_seq_len > 5792:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 2 workloads, 1.78x (1.31x .. 2.44x) over vllm_flashinfer_prefill
+    if num_seqs > 181 and mean_seq_len <= 25 and max_seq_len > 490:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 28: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call
+    if num_seqs > 181 and mean_seq_len > 25 and max_seq_len <= 105:
+        return 'triton_prefill_fused.c16v64'
+    # region 29: 2 workloads, 7.15x (6.74x .. 7.59x) over vllm_flashinfer_prefill
+    if total_seq_len > 26 and num_seqs <= 35 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 30: 7 workloads, 6.99x (4.33x .. 9.95x) over vllm_flashinfer_prefill
+    if 86 < total_seq_len <= 608 and num_seqs <= 35 and 13 < max_seq_len <= 68:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 31: 4 workloads, 4.24x (3.20x .. 5.99x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 430 and num_seqs <= 35 and mean_seq_len <= 75 and 68 < max_seq_len <= 723:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 32: 1 workloads, 2.26x (2.26x .. 2.26x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 430 and num_seqs > 35 and mean_seq_len <= 25 and max_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 33: 1 workloads, 2.58x (2.58x .. 2.58x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 430 and num_seqs > 35 and mean_seq_len <= 25 and 9 < max_seq_len <= 157:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 34: 5 workloads, 2.50x (1.88x .. 3.16x) over vllm_flashinfer_prefill
+    if 430 < total_seq_len <= 634 and num_seqs > 35 and mean_seq_len <= 25 and max_seq_len <= 30:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    if 430 < total_seq_len <= 634 and num_seqs > 35 and mean_seq_len <= 25 and 30 < max_seq_len <= 157:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 36: 9 workloads, 4.16x (2.54x .. 6.74x) over vllm_flashinfer_prefill
+    if 430 < total_seq_len <= 861 and num_seqs <= 35 and 68 < max_seq_len <= 595:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 37: 0 workloads, by estimated times (no measured workload in it)
+    if 430 < total_seq_len <= 861 and num_seqs <= 35 and 595 < max_seq_len <= 723:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_chunked.v64'
+    # region 38: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 608 and num_seqs <= 35 and 13 < max_seq_len <= 54:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 39: 1 workloads, 6.88x (6.88x .. 6.88x) over vllm_flashinfer_prefill
+    if total_seq_len > 608 and num_seqs <= 35 and 54 < max_seq_len <= 68:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 40: 5 workloads, 2.99x (2.33x .. 3.92x) over vllm_flashinfer_prefill
+    if total_seq_len > 634 and num_seqs > 35 and mean_seq_len <= 25 and max_seq_len <= 49:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 41: 1 workloads, 3.51x (3.51x .. 3.51x) over vllm_flashinfer_prefill
+    if total_seq_len > 634 and num_seqs > 35 and mean_seq_len <= 25 and 49 < max_seq_len <= 157:
+        return 'triton_prefill_fused.c16v64'
+    # region 42: 14 workloads, 4.74x (1.62x .. 19.31x) over vllm_flashinfer_prefill
+    if 861 < total_seq_len <= 6888 and num_seqs <= 35 and 68 < max_seq_len <= 723:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 43: 1 workloads, 2.64x (2.64x .. 2.64x) over vllm_flashinfer_prefill
+    if total_seq_len > 1722 and num_seqs <= 35 and 723 < max_seq_len <= 900:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 44: 5 workloads, 1.85x (1.40x .. 3.50x) over vllm_flashinfer_prefill
+    if total_seq_len > 3444 and num_seqs <= 35 and 900 < max_seq_len <= 2914:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 45: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4871 and num_seqs > 35 and 25 < mean_seq_len <= 144 and max_seq_len > 629:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 6835 < total_seq_len <= 23454 and num_seqs > 35 and 11 < mean_seq_len <= 144 and 64 < max_seq_len <= 1448:
+    # region 46: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 6888 and num_seqs <= 35 and mean_seq_len <= 861 and 2914 < max_seq_len <= 6441:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 47: 1 workloads, 2.29x (2.29x .. 2.29x) over vllm_flashinfer_prefill
+    if total_seq_len > 6888 and num_seqs <= 35 and 68 < max_seq_len <= 723:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 49: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 6888 and 35 < num_seqs <= 181 and mean_seq_len > 25 and 140 < max_seq_len <= 629:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 50: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6888 and num_seqs > 35 and mean_seq_len > 25 and 105 < max_seq_len <= 140:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 51: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6888 and num_seqs > 181 and mean_seq_len > 25 and 140 < max_seq_len <= 629:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call
-    if 6835 < total_seq_len <= 23454 and num_seqs > 35 and mean_seq_len > 144 and 64 < max_seq_len <= 1448:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 6835 < total_seq_len <= 23514 and 35 < num_seqs <= 112 and mean_seq_len > 11 and max_seq_len > 1448:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and num_seqs > 112 and mean_seq_len > 11 and max_seq_len > 1448:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 23454 and num_seqs > 35 and mean_seq_len > 11 and 64 < max_seq_len <= 362:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23454 and num_seqs > 35 and mean_seq_len > 11 and 362 < max_seq_len <= 1448:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 48: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23514 and 35 < num_seqs <= 112 and mean_seq_len > 11 and max_seq_len > 1448:
-        return 'vllm_flashinfer_prefill.cp_off'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 724 < total_seq_len <= 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:  # region 36
+    if 304 < total_seq_len <= 1217 and num_seqs > 181 and mean_seq_len > 2 and 10 < max_seq_len <= 125:  # region 40
         return True
-    if 1299 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len <= 306 and 1444 < max_seq_len <= 1794:  # region 39
-        return True
-    if 1299 < total_seq_len <= 4833 and 11 < num_seqs <= 51 and max_seq_len > 1794:  # region 42
-        return True
-    if total_seq_len > 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11:  # region 43
+    if total_seq_len > 1217 and num_seqs > 51 and mean_seq_len > 2 and 6 < max_seq_len <= 10:  # region 45
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if num_seqs > 181 and mean_seq_len > 22 and max_seq_len <= 64:  # region 21
-        return True
-    if 6835 < total_seq_len <= 23454 and num_seqs > 35 and mean_seq_len > 144 and 64 < max_seq_len <= 1448:  # region 43
-        return True
-    if total_seq_len > 11585 and num_seqs > 112 and mean_seq_len > 11 and max_seq_len > 1448:  # region 45
-        return True
-    if total_seq_len > 23454 and num_seqs > 35 and mean_seq_len > 11 and 362 < max_seq_len <= 1448:  # region 47
-        return True
-    if total_seq_len > 23514 and 35 < num_seqs <= 112 and mean_seq_len > 11 and max_seq_len > 1448:  # region 48
+    if num_seqs > 181 and mean_seq_len > 25 and max_seq_len <= 105:  # region 28
         return True
     return False

@@ -171,185 +171,223 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2131 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 4231 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.36% mean, 46.96% max;
-#             1.215x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.22% mean, 92.11% max;
-#             1.684x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.55% mean, 46.96% max;
+#             1.213x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.66% mean, 106.09% max;
+#             1.664x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 51 and 5 < num_seqs <= 40 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.91x (1.73x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 51 and 5 < num_seqs <= 40 and 11 < max_seq_len <= 17: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   3. total_seq_len <= 362 and num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill
-#   4. total_seq_len <= 1448 and 40 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len > 11: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.05x (1.04x .. 1.07x) over vllm_flashinfer_prefill
-#   5. total_seq_len <= 1448 and num_seqs > 40 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len > 11: vllm_flashinfer_prefill (baseline), 0 workloads
-#   7. total_seq_len <= 1704 and num_seqs <= 5 and 17 < max_seq_len <= 32: triton_prefill_fused.c16v32, 1 workloads, 5.10x (5.10x .. 5.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   8. total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len <= 602 and max_seq_len > 32: vllm_flashinfer_prefill.cp_off, 28 workloads, 2.58x (1.19x .. 5.78x) over vllm_flashinfer_prefill
-#   9. total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len > 602 and max_seq_len > 32: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len <= 1704 and 5 < num_seqs <= 9 and 17 < max_seq_len <= 32: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8
-#   11. total_seq_len <= 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and 17 < max_seq_len <= 741: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.08x (1.05x .. 1.12x) over vllm_flashinfer_prefill
-#   12. total_seq_len <= 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and max_seq_len > 741: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   13. num_seqs <= 1 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.60x (8.60x .. 8.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   14. num_seqs <= 5 and 2 < max_seq_len <= 13: cuda_prefill_pool_rows.k16c8, 3 workloads, 7.62x (7.36x .. 7.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   15. num_seqs <= 5 and 13 < max_seq_len <= 17: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   16. 1 < num_seqs <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   17. 9 < num_seqs <= 40 and mean_seq_len <= 90 and 17 < max_seq_len <= 1211: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-#   18. 9 < num_seqs <= 40 and mean_seq_len <= 90 and max_seq_len > 1211: vllm_flashinfer_prefill (baseline), 0 workloads
-#   19. num_seqs > 40 and mean_seq_len <= 2 and max_seq_len <= 23: cuda_prefill_pool_rows.k4c8, 5 workloads, 1.50x (1.36x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   20. num_seqs > 40 and mean_seq_len <= 2 and max_seq_len > 23: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   21. num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.35x (1.27x .. 1.44x) over vllm_flashinfer_prefill
-#   22. total_seq_len > 51 and 5 < num_seqs <= 24 and mean_seq_len > 5 and max_seq_len <= 17: triton_prefill_fused.c16v64, 3 workloads, 1.28x (1.28x .. 1.29x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
-#   23. total_seq_len > 51 and 5 < num_seqs <= 40 and mean_seq_len <= 5 and max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   24. total_seq_len > 51 and 24 < num_seqs <= 40 and mean_seq_len > 5 and max_seq_len <= 17: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   25. total_seq_len > 362 and num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   26. total_seq_len > 1448 and num_seqs > 40 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   27. 1704 < total_seq_len <= 2862 and num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   28. total_seq_len > 1704 and num_seqs <= 9 and 17 < max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.54x (1.72x .. 4.35x) over vllm_flashinfer_prefill
-#   29. 2862 < total_seq_len <= 5258 and num_seqs <= 2 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 0 workloads
-#   30. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   31. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 2304: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   32. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   33. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   34. 9101 < total_seq_len <= 23170 and num_seqs <= 5 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   35. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   36. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and max_seq_len > 5537: vllm_flashinfer_prefill (baseline), 0 workloads
-#   37. total_seq_len > 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and max_seq_len > 17: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   38. total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   39. total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 27 and 2 < num_seqs <= 5 and 4 < max_seq_len <= 17: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 53 and 5 < num_seqs <= 40 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.91x (1.73x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 53 and 5 < num_seqs <= 40 and 11 < max_seq_len <= 17: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   4. total_seq_len <= 76 and 9 < num_seqs <= 40 and mean_seq_len <= 2 and max_seq_len > 17: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   5. total_seq_len <= 76 and 9 < num_seqs <= 40 and 2 < mean_seq_len <= 107 and max_seq_len > 17: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8
+#   6. total_seq_len <= 430 and num_seqs > 40 and 2 < mean_seq_len <= 6 and max_seq_len > 11: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.07x (1.06x .. 1.07x) over vllm_flashinfer_prefill
+#   7. total_seq_len <= 1432 and num_seqs <= 5 and 17 < max_seq_len <= 32: triton_prefill_fused.c16v32, 1 workloads, 5.10x (5.10x .. 5.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   8. total_seq_len <= 1432 and num_seqs <= 9 and 32 < max_seq_len <= 1023: vllm_flashinfer_prefill.cp_off, 28 workloads, 2.58x (1.19x .. 5.78x) over vllm_flashinfer_prefill
+#   9. total_seq_len <= 1432 and num_seqs <= 9 and max_seq_len > 1023: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 1432 and 5 < num_seqs <= 9 and 17 < max_seq_len <= 32: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8
+#   11. total_seq_len <= 1722 and num_seqs > 40 and mean_seq_len > 6 and max_seq_len <= 12: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 12222 and 9 < num_seqs <= 40 and mean_seq_len > 107 and 17 < max_seq_len <= 741: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.08x (1.05x .. 1.12x) over vllm_flashinfer_prefill
+#   13. total_seq_len <= 12222 and 9 < num_seqs <= 40 and mean_seq_len > 107 and max_seq_len > 741: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   14. num_seqs <= 1 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.60x (8.60x .. 8.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   15. num_seqs <= 2 and 2 < max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.76x (7.67x .. 7.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   16. num_seqs <= 2 and 10 < max_seq_len <= 17: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   17. 1 < num_seqs <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   18. 2 < num_seqs <= 5 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   19. 40 < num_seqs <= 90 and mean_seq_len > 6 and 12 < max_seq_len <= 120: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.05x (1.04x .. 1.06x) over vllm_flashinfer_prefill
+#   20. num_seqs > 40 and mean_seq_len <= 2 and max_seq_len <= 28: cuda_prefill_pool_rows.k4c8, 5 workloads, 1.50x (1.36x .. 1.68x) over vllm_flashinfer_prefill
+#   21. num_seqs > 40 and mean_seq_len <= 2 and max_seq_len > 28: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   22. num_seqs > 40 and 2 < mean_seq_len <= 6 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.40x (1.35x .. 1.44x) over vllm_flashinfer_prefill
+#   23. num_seqs > 40 and mean_seq_len > 6 and max_seq_len > 120: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   24. num_seqs > 90 and mean_seq_len > 6 and 12 < max_seq_len <= 120: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   25. total_seq_len > 27 and 2 < num_seqs <= 5 and 4 < max_seq_len <= 17: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   26. 53 < total_seq_len <= 152 and 5 < num_seqs <= 40 and mean_seq_len <= 4 and max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   27. 53 < total_seq_len <= 152 and 5 < num_seqs <= 40 and mean_seq_len > 4 and max_seq_len <= 17: triton_prefill_fused.c16v64, 1 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
+#   28. total_seq_len > 76 and 9 < num_seqs <= 40 and mean_seq_len <= 107 and 17 < max_seq_len <= 1602: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+#   29. total_seq_len > 76 and 9 < num_seqs <= 40 and mean_seq_len <= 107 and max_seq_len > 1602: vllm_flashinfer_prefill (baseline), 0 workloads
+#   30. total_seq_len > 152 and 5 < num_seqs <= 24 and max_seq_len <= 17: triton_prefill_fused.c16v64, 2 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
+#   31. total_seq_len > 152 and 24 < num_seqs <= 40 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   32. total_seq_len > 152 and 24 < num_seqs <= 40 and 10 < max_seq_len <= 17: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64
+#   33. total_seq_len > 430 and num_seqs > 40 and 2 < mean_seq_len <= 6 and 11 < max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   34. total_seq_len > 430 and num_seqs > 40 and 2 < mean_seq_len <= 6 and max_seq_len > 23: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   35. 1432 < total_seq_len <= 2435 and num_seqs <= 9 and 17 < max_seq_len <= 1611: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.43x (1.72x .. 4.35x) over vllm_flashinfer_prefill
+#   36. 1432 < total_seq_len <= 2435 and num_seqs <= 9 and max_seq_len > 1611: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   37. total_seq_len > 1722 and num_seqs > 40 and mean_seq_len > 6 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   38. 2435 < total_seq_len <= 6888 and num_seqs <= 9 and max_seq_len > 1917: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   39. total_seq_len > 2435 and num_seqs <= 9 and 17 < max_seq_len <= 1917: vllm_flashinfer_prefill.cp_off, 1 workloads, 3.04x (3.04x .. 3.04x) over vllm_flashinfer_prefill
+#   40. 6888 < total_seq_len <= 13277 and num_seqs <= 9 and 1917 < max_seq_len <= 3444: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   41. 6888 < total_seq_len <= 13277 and num_seqs <= 9 and max_seq_len > 3444: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   42. total_seq_len > 12222 and 9 < num_seqs <= 40 and mean_seq_len > 107 and max_seq_len > 17: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   43. 13277 < total_seq_len <= 19483 and 5 < num_seqs <= 9 and 1917 < max_seq_len <= 5537: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   44. 13277 < total_seq_len <= 19483 and 5 < num_seqs <= 9 and max_seq_len > 5537: vllm_flashinfer_prefill (baseline), 0 workloads
+#   45. total_seq_len > 13277 and num_seqs <= 5 and max_seq_len > 1917: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   46. 19483 < total_seq_len <= 27554 and 5 < num_seqs <= 9 and 1917 < max_seq_len <= 6611: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   47. 19483 < total_seq_len <= 27554 and 5 < num_seqs <= 9 and max_seq_len > 6611: vllm_flashinfer_prefill (baseline), 0 workloads
+#   48. total_seq_len > 27554 and 5 < num_seqs <= 9 and 1917 < max_seq_len <= 7663: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   49. total_seq_len > 27554 and 5 < num_seqs <= 9 and max_seq_len > 7663: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 181 and num_seqs <= 5 and 73 < max_seq_len <= 132: cuda_prefill_pool_rows.k16c8, 4 workloads, 4.41x (3.85x .. 5.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and 8 < num_seqs <= 32 and max_seq_len <= 42: cuda_prefill_pool_rows.k16c8, 4 workloads, 3.65x (1.91x .. 7.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
-#   3. total_seq_len <= 181 and num_seqs > 32 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.48x (2.05x .. 3.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   4. total_seq_len <= 181 and num_seqs > 32 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 2 workloads, 2.03x (1.83x .. 2.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   5. total_seq_len <= 362 and 5 < num_seqs <= 8 and max_seq_len <= 132: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 362 and 8 < num_seqs <= 32 and 42 < max_seq_len <= 104: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 929 and num_seqs <= 1 and 486 < max_seq_len <= 755: vllm_flashinfer_prefill.cp_off, 1 workloads, 3.08x (3.08x .. 3.08x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   8. total_seq_len <= 929 and 1 < num_seqs <= 8 and 486 < max_seq_len <= 755: triton_prefill_chunked.v64, 1 workloads, 2.07x (2.07x .. 2.07x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   9. total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 2712: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   10. num_seqs <= 5 and max_seq_len <= 73: cuda_prefill_pool_rows.k16c8, 6 workloads, 9.11x (3.96x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   11. num_seqs <= 5 and 132 < max_seq_len <= 315: triton_prefill_fused.c16v32, 6 workloads, 3.27x (2.04x .. 6.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
-#   12. num_seqs <= 8 and mean_seq_len <= 362 and 755 < max_seq_len <= 1914: triton_prefill_chunked.v64, 4 workloads, 1.90x (1.60x .. 2.27x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   13. num_seqs <= 8 and 315 < max_seq_len <= 486: triton_prefill_fused.c16v32, 4 workloads, 2.65x (1.70x .. 3.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   14. num_seqs <= 8 and 1914 < max_seq_len <= 2712: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.65x (1.29x .. 1.96x) over vllm_flashinfer_prefill
-#   15. num_seqs <= 8 and mean_seq_len > 362 and 755 < max_seq_len <= 1914: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.85x (1.32x .. 2.57x) over vllm_flashinfer_prefill
-#   16. 5 < num_seqs <= 8 and 132 < max_seq_len <= 315: triton_prefill_fused.c16v64, 2 workloads, 4.02x (3.14x .. 5.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   17. 8 < num_seqs <= 13 and 104 < max_seq_len <= 233: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashqla_chunk
-#   18. 8 < num_seqs <= 32 and mean_seq_len <= 90 and max_seq_len > 947: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   19. 8 < num_seqs <= 32 and mean_seq_len <= 468 and 331 < max_seq_len <= 820: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   20. 8 < num_seqs <= 32 and mean_seq_len <= 468 and 820 < max_seq_len <= 947: triton_prefill_chunked.v64, 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   21. 8 < num_seqs <= 32 and 233 < max_seq_len <= 331: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   22. 8 < num_seqs <= 32 and mean_seq_len > 90 and 947 < max_seq_len <= 1455: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.94x (2.94x .. 2.94x) over vllm_flashinfer_prefill
-#   23. 8 < num_seqs <= 32 and mean_seq_len > 90 and max_seq_len > 1455: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashqla_chunk, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   24. 8 < num_seqs <= 32 and mean_seq_len > 468 and 331 < max_seq_len <= 947: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.50x (1.50x .. 1.50x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   25. 13 < num_seqs <= 22 and 104 < max_seq_len <= 197: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   26. 13 < num_seqs <= 22 and 197 < max_seq_len <= 233: triton_prefill_fused.c16v32, 1 workloads, 3.12x (3.12x .. 3.12x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   27. 22 < num_seqs <= 32 and 104 < max_seq_len <= 233: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   28. 181 < total_seq_len <= 557 and num_seqs > 32 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.38x (1.60x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   29. 181 < total_seq_len <= 557 and num_seqs > 32 and 22 < max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   30. 181 < total_seq_len <= 557 and num_seqs > 32 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   31. total_seq_len > 181 and num_seqs <= 5 and 73 < max_seq_len <= 132: triton_prefill_fused.c16v32, 3 workloads, 4.72x (3.73x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   32. total_seq_len > 181 and 8 < num_seqs <= 32 and max_seq_len <= 42: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.47x (1.88x .. 3.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   33. total_seq_len > 362 and 5 < num_seqs <= 8 and max_seq_len <= 132: triton_prefill_fused.c16v64, 2 workloads, 4.32x (3.38x .. 5.53x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   34. total_seq_len > 362 and 8 < num_seqs <= 32 and 42 < max_seq_len <= 104: triton_prefill_fused.c16v64, 1 workloads, 4.54x (4.54x .. 4.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   35. 557 < total_seq_len <= 1448 and 32 < num_seqs <= 90 and max_seq_len <= 181: triton_prefill_fused.c16v64, 2 workloads, 1.47x (1.47x .. 1.48x) over vllm_flashinfer_prefill
-#   36. 557 < total_seq_len <= 1448 and 32 < num_seqs <= 90 and max_seq_len > 181: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
-#   37. 557 < total_seq_len <= 1448 and 90 < num_seqs <= 188 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
-#   38. 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.16x (1.66x .. 2.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   39. 557 < total_seq_len <= 1448 and num_seqs > 188 and max_seq_len > 90: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.88x (2.88x .. 2.88x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
-#   40. total_seq_len > 929 and num_seqs <= 8 and 486 < max_seq_len <= 755: vllm_flashinfer_prefill.cp_off, 3 workloads, 2.08x (2.02x .. 2.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   41. total_seq_len > 1448 and num_seqs > 32 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.91x (1.91x .. 1.91x) over vllm_flashinfer_prefill
-#   42. total_seq_len > 1448 and num_seqs > 32 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   43. total_seq_len > 4840 and num_seqs <= 8 and max_seq_len > 2712: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 107 and num_seqs > 8 and max_seq_len <= 109: cuda_prefill_pool_rows.k16c8, 3 workloads, 4.23x (2.25x .. 7.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   2. total_seq_len <= 215 and num_seqs <= 5 and mean_seq_len <= 232 and 90 < max_seq_len <= 755: cuda_prefill_pool_rows.k16c8, 2 workloads, 3.88x (3.85x .. 3.92x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 304 and 5 < num_seqs <= 8 and mean_seq_len <= 232 and max_seq_len <= 177: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 861 and num_seqs > 8 and mean_seq_len <= 9 and max_seq_len > 109: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
+#   5. total_seq_len <= 861 and num_seqs > 8 and 9 < mean_seq_len <= 18 and 109 < max_seq_len <= 193: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32
+#   6. total_seq_len <= 861 and num_seqs > 8 and 9 < mean_seq_len <= 18 and max_seq_len > 193: triton_prefill_fused.c16v32, 1 workloads, 3.12x (3.12x .. 3.12x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   7. total_seq_len <= 861 and num_seqs > 8 and mean_seq_len > 18 and 109 < max_seq_len <= 396: triton_prefill_fused.c16v64, 1 workloads, 1.58x (1.58x .. 1.58x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   8. total_seq_len <= 861 and num_seqs > 8 and mean_seq_len > 18 and max_seq_len > 396: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, flashqla_chunk
+#   9. total_seq_len <= 1217 and num_seqs <= 8 and mean_seq_len > 232 and max_seq_len <= 511: triton_prefill_fused.c16v32, 3 workloads, 3.94x (2.82x .. 6.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. total_seq_len <= 6888 and num_seqs <= 8 and mean_seq_len <= 430 and 1081 < max_seq_len <= 1914: triton_prefill_chunked.v64, 2 workloads, 1.90x (1.60x .. 2.27x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 6888 and num_seqs <= 8 and 755 < max_seq_len <= 1081: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.68x (1.32x .. 2.09x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 6888 and num_seqs <= 8 and 1914 < max_seq_len <= 4528: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.59x (1.29x .. 1.96x) over vllm_flashinfer_prefill
+#   13. total_seq_len <= 6888 and num_seqs <= 8 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashqla_chunk, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   14. total_seq_len <= 6888 and num_seqs <= 8 and mean_seq_len > 430 and 1081 < max_seq_len <= 1914: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.84x (1.82x .. 1.85x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   15. num_seqs <= 5 and mean_seq_len <= 232 and max_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 8 workloads, 7.84x (3.96x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   16. num_seqs <= 8 and mean_seq_len > 232 and 511 < max_seq_len <= 755: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.30x (2.02x .. 3.08x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   17. 5 < num_seqs <= 8 and mean_seq_len <= 232 and 177 < max_seq_len <= 508: triton_prefill_fused.c16v64, 3 workloads, 2.82x (2.32x .. 3.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   18. 5 < num_seqs <= 8 and mean_seq_len <= 232 and 508 < max_seq_len <= 755: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   19. 107 < total_seq_len <= 215 and num_seqs > 8 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.48x (2.05x .. 3.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   20. 107 < total_seq_len <= 215 and num_seqs > 8 and 6 < max_seq_len <= 109: cuda_prefill_pool_rows.k16c8, 3 workloads, 2.12x (1.83x .. 2.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   21. 215 < total_seq_len <= 861 and num_seqs > 8 and mean_seq_len <= 18 and 40 < max_seq_len <= 109: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   22. 215 < total_seq_len <= 861 and num_seqs > 8 and max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 11 workloads, 2.30x (1.39x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   23. 215 < total_seq_len <= 861 and num_seqs > 8 and mean_seq_len > 18 and 40 < max_seq_len <= 109: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 215 and num_seqs <= 5 and mean_seq_len <= 232 and 90 < max_seq_len <= 755: triton_prefill_fused.c16v32, 9 workloads, 3.06x (1.70x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   25. total_seq_len > 304 and 5 < num_seqs <= 8 and mean_seq_len <= 232 and max_seq_len <= 177: triton_prefill_fused.c16v64, 2 workloads, 4.32x (3.38x .. 5.53x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   26. 861 < total_seq_len <= 1722 and 8 < num_seqs <= 39 and max_seq_len <= 148: triton_prefill_fused.c16v64, 1 workloads, 4.54x (4.54x .. 4.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   27. 861 < total_seq_len <= 1722 and 39 < num_seqs <= 90 and max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.47x (1.47x .. 1.48x) over vllm_flashinfer_prefill
+#   28. 861 < total_seq_len <= 1722 and 39 < num_seqs <= 90 and max_seq_len > 362: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
+#   29. 861 < total_seq_len <= 1722 and num_seqs > 90 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.16x (1.66x .. 2.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   30. 861 < total_seq_len <= 1722 and num_seqs > 90 and max_seq_len > 45: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.88x (2.88x .. 2.88x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
+#   31. 861 < total_seq_len <= 2232 and 8 < num_seqs <= 13 and 94 < mean_seq_len <= 237 and 148 < max_seq_len <= 947: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   32. 861 < total_seq_len <= 2232 and 13 < num_seqs <= 30 and 94 < mean_seq_len <= 237 and 148 < max_seq_len <= 947: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
+#   33. 861 < total_seq_len <= 3444 and 8 < num_seqs <= 39 and max_seq_len > 2040: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   34. total_seq_len > 861 and 8 < num_seqs <= 21 and mean_seq_len > 237 and 148 < max_seq_len <= 947: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.50x (1.50x .. 1.50x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   35. total_seq_len > 861 and 8 < num_seqs <= 30 and mean_seq_len <= 40 and 148 < max_seq_len <= 947: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   36. total_seq_len > 861 and 8 < num_seqs <= 30 and 40 < mean_seq_len <= 94 and 148 < max_seq_len <= 362: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
+#   37. total_seq_len > 861 and 8 < num_seqs <= 30 and 40 < mean_seq_len <= 94 and 362 < max_seq_len <= 947: triton_prefill_chunked.v64, 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   38. total_seq_len > 861 and 8 < num_seqs <= 39 and 947 < max_seq_len <= 1440: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.94x (2.94x .. 2.94x) over vllm_flashinfer_prefill
+#   39. total_seq_len > 861 and 8 < num_seqs <= 39 and 1440 < max_seq_len <= 2040: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
+#   40. total_seq_len > 861 and 21 < num_seqs <= 30 and mean_seq_len > 237 and 148 < max_seq_len <= 947: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   41. total_seq_len > 861 and 30 < num_seqs <= 39 and 148 < max_seq_len <= 947: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   42. total_seq_len > 1217 and num_seqs <= 8 and mean_seq_len > 232 and max_seq_len <= 511: triton_prefill_fused.c16v64, 1 workloads, 5.14x (5.14x .. 5.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   43. total_seq_len > 1722 and 8 < num_seqs <= 39 and max_seq_len <= 148: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
+#   44. total_seq_len > 1722 and num_seqs > 39 and mean_seq_len <= 9 and max_seq_len <= 48: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.54x (1.25x .. 1.91x) over vllm_flashinfer_prefill
+#   45. total_seq_len > 1722 and num_seqs > 39 and mean_seq_len <= 9 and max_seq_len > 48: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
+#   46. total_seq_len > 1722 and num_seqs > 39 and mean_seq_len > 9: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   47. total_seq_len > 2232 and 8 < num_seqs <= 30 and 94 < mean_seq_len <= 237 and 148 < max_seq_len <= 947: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashqla_chunk
+#   48. total_seq_len > 3444 and 8 < num_seqs <= 39 and max_seq_len > 2040: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashqla_chunk, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   49. 6888 < total_seq_len <= 9101 and num_seqs <= 8 and 755 < max_seq_len <= 2406: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.14x (1.78x .. 2.57x) over vllm_flashinfer_prefill
+#   50. 6888 < total_seq_len <= 9101 and num_seqs <= 8 and max_seq_len > 2406: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   51. total_seq_len > 9101 and num_seqs <= 8 and 755 < max_seq_len <= 3444: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   52. total_seq_len > 9101 and num_seqs <= 8 and max_seq_len > 3444: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (5, 40), 'total_seq_len': (None, 51)}, 'workloads': 2, 'speedup': (1.73, 1.91, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, 17), 'num_seqs': (5, 40), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (40, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.07, 1.07, 1.07), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (5, None), 'num_seqs': (40, 90), 'total_seq_len': (None, 1448)}, 'workloads': 5, 'speedup': (1.04, 1.05, 1.07), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (40, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (17, 32), 'num_seqs': (None, 5), 'total_seq_len': (None, 1704)}, 'workloads': 1, 'speedup': (5.1, 5.1, 5.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (None, 602), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 28, 'speedup': (1.19, 2.58, 5.78), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (602, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 32), 'num_seqs': (5, 9), 'total_seq_len': (None, 1704)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 741), 'mean_seq_len': (90, None), 'num_seqs': (9, 40), 'total_seq_len': (None, 10278)}, 'workloads': 3, 'speedup': (1.05, 1.08, 1.12), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (741, None), 'mean_seq_len': (90, None), 'num_seqs': (9, 40), 'total_seq_len': (None, 10278)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 1)}, 'workloads': 1, 'speedup': (8.6, 8.6, 8.6), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 13), 'num_seqs': (None, 5)}, 'workloads': 3, 'speedup': (7.36, 7.62, 7.84), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (13, 17), 'num_seqs': (None, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (1, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 1211), 'mean_seq_len': (None, 90), 'num_seqs': (9, 40)}, 'workloads': 10, 'speedup': (1.04, 1.1, 1.13), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1211, None), 'mean_seq_len': (None, 90), 'num_seqs': (9, 40)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (None, 2), 'num_seqs': (40, None)}, 'workloads': 5, 'speedup': (1.36, 1.5, 1.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (None, 2), 'num_seqs': (40, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (2, 5), 'num_seqs': (40, None)}, 'workloads': 3, 'speedup': (1.27, 1.35, 1.44), 'fallbacks': ()},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (5, None), 'num_seqs': (5, 24), 'total_seq_len': (51, None)}, 'workloads': 3, 'speedup': (1.28, 1.28, 1.29), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (None, 5), 'num_seqs': (5, 40), 'total_seq_len': (51, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (5, None), 'num_seqs': (24, 40), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (40, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (40, None), 'total_seq_len': (1448, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 9), 'total_seq_len': (1704, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 1491), 'num_seqs': (None, 9), 'total_seq_len': (1704, None)}, 'workloads': 5, 'speedup': (1.72, 2.54, 4.35), 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 2), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 2304), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2304, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 2, 'speedup': (1.41, 1.43, 1.45), 'fallbacks': (), 'hand_back': True},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 5), 'total_seq_len': (9101, 23170)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 5537), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5537, None), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (90, None), 'num_seqs': (9, 40), 'total_seq_len': (10278, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 7663), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7663, None), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 17), 'num_seqs': (2, 5), 'total_seq_len': (None, 27)}, 'workloads': 1, 'speedup': (7.36, 7.36, 7.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (5, 40), 'total_seq_len': (None, 53)}, 'workloads': 2, 'speedup': (1.73, 1.91, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, 17), 'num_seqs': (5, 40), 'total_seq_len': (None, 53)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 2), 'num_seqs': (9, 40), 'total_seq_len': (None, 76)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (2, 107), 'num_seqs': (9, 40), 'total_seq_len': (None, 76)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (2, 6), 'num_seqs': (40, None), 'total_seq_len': (None, 430)}, 'workloads': 2, 'speedup': (1.06, 1.07, 1.07), 'fallbacks': ()},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (17, 32), 'num_seqs': (None, 5), 'total_seq_len': (None, 1432)}, 'workloads': 1, 'speedup': (5.1, 5.1, 5.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (32, 1023), 'num_seqs': (None, 9), 'total_seq_len': (None, 1432)}, 'workloads': 28, 'speedup': (1.19, 2.58, 5.78), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1023, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1432)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 32), 'num_seqs': (5, 9), 'total_seq_len': (None, 1432)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (6, None), 'num_seqs': (40, None), 'total_seq_len': (None, 1722)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 741), 'mean_seq_len': (107, None), 'num_seqs': (9, 40), 'total_seq_len': (None, 12222)}, 'workloads': 3, 'speedup': (1.05, 1.08, 1.12), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (741, None), 'mean_seq_len': (107, None), 'num_seqs': (9, 40), 'total_seq_len': (None, 12222)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 1)}, 'workloads': 1, 'speedup': (8.6, 8.6, 8.6), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 10), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (7.67, 7.76, 7.84), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (10, 17), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (1, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 4), 'num_seqs': (2, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (12, 120), 'mean_seq_len': (6, None), 'num_seqs': (40, 90)}, 'workloads': 4, 'speedup': (1.04, 1.05, 1.06), 'fallbacks': ()},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 28), 'mean_seq_len': (None, 2), 'num_seqs': (40, None)}, 'workloads': 5, 'speedup': (1.36, 1.5, 1.68), 'fallbacks': ()},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (28, None), 'mean_seq_len': (None, 2), 'num_seqs': (40, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, 6), 'num_seqs': (40, None)}, 'workloads': 2, 'speedup': (1.35, 1.4, 1.44), 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (6, None), 'num_seqs': (40, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (12, 120), 'mean_seq_len': (6, None), 'num_seqs': (90, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (4, 17), 'num_seqs': (2, 5), 'total_seq_len': (27, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (None, 4), 'num_seqs': (5, 40), 'total_seq_len': (53, 152)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (4, None), 'num_seqs': (5, 40), 'total_seq_len': (53, 152)}, 'workloads': 1, 'speedup': (1.29, 1.29, 1.29), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 1602), 'mean_seq_len': (None, 107), 'num_seqs': (9, 40), 'total_seq_len': (76, None)}, 'workloads': 10, 'speedup': (1.04, 1.1, 1.13), 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1602, None), 'mean_seq_len': (None, 107), 'num_seqs': (9, 40), 'total_seq_len': (76, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 17), 'num_seqs': (5, 24), 'total_seq_len': (152, None)}, 'workloads': 2, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (24, 40), 'total_seq_len': (152, None)}, 'workloads': 1, 'speedup': (1.25, 1.25, 1.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (10, 17), 'num_seqs': (24, 40), 'total_seq_len': (152, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 23), 'mean_seq_len': (2, 6), 'num_seqs': (40, None), 'total_seq_len': (430, None)}, 'workloads': 1, 'speedup': (1.27, 1.27, 1.27), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (2, 6), 'num_seqs': (40, None), 'total_seq_len': (430, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 1611), 'num_seqs': (None, 9), 'total_seq_len': (1432, 2435)}, 'workloads': 4, 'speedup': (1.72, 2.43, 4.35), 'fallbacks': ()},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1611, None), 'num_seqs': (None, 9), 'total_seq_len': (1432, 2435)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 37, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (6, None), 'num_seqs': (40, None), 'total_seq_len': (1722, None)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': (), 'hand_back': True},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1917, None), 'num_seqs': (None, 9), 'total_seq_len': (2435, 6888)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 1917), 'num_seqs': (None, 9), 'total_seq_len': (2435, None)}, 'workloads': 1, 'speedup': (3.04, 3.04, 3.04), 'fallbacks': ()},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1917, 3444), 'num_seqs': (None, 9), 'total_seq_len': (6888, 13277)}, 'workloads': 2, 'speedup': (1.41, 1.43, 1.45), 'fallbacks': (), 'hand_back': True},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3444, None), 'num_seqs': (None, 9), 'total_seq_len': (6888, 13277)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (107, None), 'num_seqs': (9, 40), 'total_seq_len': (12222, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1917, 5537), 'num_seqs': (5, 9), 'total_seq_len': (13277, 19483)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5537, None), 'num_seqs': (5, 9), 'total_seq_len': (13277, 19483)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1917, None), 'num_seqs': (None, 5), 'total_seq_len': (13277, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1917, 6611), 'num_seqs': (5, 9), 'total_seq_len': (19483, 27554)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (6611, None), 'num_seqs': (5, 9), 'total_seq_len': (19483, 27554)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1917, 7663), 'num_seqs': (5, 9), 'total_seq_len': (27554, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7663, None), 'num_seqs': (5, 9), 'total_seq_len': (27554, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (73, 132), 'num_seqs': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (3.85, 4.41, 5.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 42), 'num_seqs': (8, 32), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (1.91, 3.65, 7.59), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (32, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.05, 2.48, 3.01), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'num_seqs': (32, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.83, 2.03, 2.25), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 132), 'num_seqs': (5, 8), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (42, 104), 'num_seqs': (8, 32), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (486, 755), 'num_seqs': (None, 1), 'total_seq_len': (None, 929)}, 'workloads': 1, 'speedup': (3.08, 3.08, 3.08), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (486, 755), 'num_seqs': (1, 8), 'total_seq_len': (None, 929)}, 'workloads': 1, 'speedup': (2.07, 2.07, 2.07), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2712, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 4840)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 73), 'num_seqs': (None, 5)}, 'workloads': 6, 'speedup': (3.96, 9.11, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (132, 315), 'num_seqs': (None, 5)}, 'workloads': 6, 'speedup': (2.04, 3.27, 6.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (755, 1914), 'mean_seq_len': (None, 362), 'num_seqs': (None, 8)}, 'workloads': 4, 'speedup': (1.6, 1.9, 2.27), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (315, 486), 'num_seqs': (None, 8)}, 'workloads': 4, 'speedup': (1.7, 2.65, 3.62), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1914, 2712), 'num_seqs': (None, 8)}, 'workloads': 3, 'speedup': (1.29, 1.65, 1.96), 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (755, 1914), 'mean_seq_len': (362, None), 'num_seqs': (None, 8)}, 'workloads': 6, 'speedup': (1.32, 1.85, 2.57), 'fallbacks': ()},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (132, 315), 'num_seqs': (5, 8)}, 'workloads': 2, 'speedup': (3.14, 4.02, 5.14), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (104, 233), 'num_seqs': (8, 13)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashqla_chunk')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (947, None), 'mean_seq_len': (None, 90), 'num_seqs': (8, 32)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (331, 820), 'mean_seq_len': (None, 468), 'num_seqs': (8, 32)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (820, 947), 'mean_seq_len': (None, 468), 'num_seqs': (8, 32)}, 'workloads': 1, 'speedup': (1.73, 1.73, 1.73), 'fallbacks': (), 'hand_back': True},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (233, 331), 'num_seqs': (8, 32)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (947, 1455), 'mean_seq_len': (90, None), 'num_seqs': (8, 32)}, 'workloads': 1, 'speedup': (2.94, 2.94, 2.94), 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1455, None), 'mean_seq_len': (90, None), 'num_seqs': (8, 32)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashqla_chunk', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (331, 947), 'mean_seq_len': (468, None), 'num_seqs': (8, 32)}, 'workloads': 1, 'speedup': (1.5, 1.5, 1.5), 'fallbacks': (), 'hand_back': True},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (104, 197), 'num_seqs': (13, 22)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (197, 233), 'num_seqs': (13, 22)}, 'workloads': 1, 'speedup': (3.12, 3.12, 3.12), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off'), 'hand_back': True},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, 233), 'num_seqs': (22, 32)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (32, None), 'total_seq_len': (181, 557)}, 'workloads': 6, 'speedup': (1.6, 2.38, 3.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (22, 90), 'num_seqs': (32, None), 'total_seq_len': (181, 557)}, 'workloads': 1, 'speedup': (1.41, 1.41, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (32, None), 'total_seq_len': (181, 557)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (73, 132), 'num_seqs': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (3.73, 4.72, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 42), 'num_seqs': (8, 32), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (1.88, 2.47, 3.15), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 132), 'num_seqs': (5, 8), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (3.38, 4.32, 5.53), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (42, 104), 'num_seqs': (8, 32), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (4.54, 4.54, 4.54), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 181), 'num_seqs': (32, 90), 'total_seq_len': (557, 1448)}, 'workloads': 2, 'speedup': (1.47, 1.47, 1.48), 'fallbacks': ()},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (181, None), 'num_seqs': (32, 90), 'total_seq_len': (557, 1448)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (90, 188), 'total_seq_len': (557, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
-    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'num_seqs': (90, None), 'total_seq_len': (557, 1448)}, 'workloads': 2, 'speedup': (1.66, 2.16, 2.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (188, None), 'total_seq_len': (557, 1448)}, 'workloads': 1, 'speedup': (2.88, 2.88, 2.88), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64'), 'hand_back': True},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (486, 755), 'num_seqs': (None, 8), 'total_seq_len': (929, None)}, 'workloads': 3, 'speedup': (2.02, 2.08, 2.14), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 41, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (32, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.91, 1.91, 1.91), 'fallbacks': ()},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'num_seqs': (32, None), 'total_seq_len': (1448, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2712, None), 'num_seqs': (None, 8), 'total_seq_len': (4840, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 109), 'num_seqs': (8, None), 'total_seq_len': (None, 107)}, 'workloads': 3, 'speedup': (2.25, 4.23, 7.59), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (90, 755), 'mean_seq_len': (None, 232), 'num_seqs': (None, 5), 'total_seq_len': (None, 215)}, 'workloads': 2, 'speedup': (3.85, 3.88, 3.92), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 177), 'mean_seq_len': (None, 232), 'num_seqs': (5, 8), 'total_seq_len': (None, 304)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (109, None), 'mean_seq_len': (None, 9), 'num_seqs': (8, None), 'total_seq_len': (None, 861)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (109, 193), 'mean_seq_len': (9, 18), 'num_seqs': (8, None), 'total_seq_len': (None, 861)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (193, None), 'mean_seq_len': (9, 18), 'num_seqs': (8, None), 'total_seq_len': (None, 861)}, 'workloads': 1, 'speedup': (3.12, 3.12, 3.12), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off'), 'hand_back': True},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (109, 396), 'mean_seq_len': (18, None), 'num_seqs': (8, None), 'total_seq_len': (None, 861)}, 'workloads': 1, 'speedup': (1.58, 1.58, 1.58), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (396, None), 'mean_seq_len': (18, None), 'num_seqs': (8, None), 'total_seq_len': (None, 861)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 511), 'mean_seq_len': (232, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 1217)}, 'workloads': 3, 'speedup': (2.82, 3.94, 6.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1081, 1914), 'mean_seq_len': (None, 430), 'num_seqs': (None, 8), 'total_seq_len': (None, 6888)}, 'workloads': 2, 'speedup': (1.6, 1.9, 2.27), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (755, 1081), 'num_seqs': (None, 8), 'total_seq_len': (None, 6888)}, 'workloads': 5, 'speedup': (1.32, 1.68, 2.09), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1914, 4528), 'num_seqs': (None, 8), 'total_seq_len': (None, 6888)}, 'workloads': 2, 'speedup': (1.29, 1.59, 1.96), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 6888)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashqla_chunk', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1081, 1914), 'mean_seq_len': (430, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 6888)}, 'workloads': 2, 'speedup': (1.82, 1.84, 1.85), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (None, 232), 'num_seqs': (None, 5)}, 'workloads': 8, 'speedup': (3.96, 7.84, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (511, 755), 'mean_seq_len': (232, None), 'num_seqs': (None, 8)}, 'workloads': 4, 'speedup': (2.02, 2.3, 3.08), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (177, 508), 'mean_seq_len': (None, 232), 'num_seqs': (5, 8)}, 'workloads': 3, 'speedup': (2.32, 2.82, 3.14), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (508, 755), 'mean_seq_len': (None, 232), 'num_seqs': (5, 8)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (8, None), 'total_seq_len': (107, 215)}, 'workloads': 2, 'speedup': (2.05, 2.48, 3.01), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, 109), 'num_seqs': (8, None), 'total_seq_len': (107, 215)}, 'workloads': 3, 'speedup': (1.83, 2.12, 2.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (40, 109), 'mean_seq_len': (None, 18), 'num_seqs': (8, None), 'total_seq_len': (215, 861)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 40), 'num_seqs': (8, None), 'total_seq_len': (215, 861)}, 'workloads': 11, 'speedup': (1.39, 2.3, 3.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 109), 'mean_seq_len': (18, None), 'num_seqs': (8, None), 'total_seq_len': (215, 861)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (90, 755), 'mean_seq_len': (None, 232), 'num_seqs': (None, 5), 'total_seq_len': (215, None)}, 'workloads': 9, 'speedup': (1.7, 3.06, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 177), 'mean_seq_len': (None, 232), 'num_seqs': (5, 8), 'total_seq_len': (304, None)}, 'workloads': 2, 'speedup': (3.38, 4.32, 5.53), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 148), 'num_seqs': (8, 39), 'total_seq_len': (861, 1722)}, 'workloads': 1, 'speedup': (4.54, 4.54, 4.54), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'num_seqs': (39, 90), 'total_seq_len': (861, 1722)}, 'workloads': 2, 'speedup': (1.47, 1.47, 1.48), 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, None), 'num_seqs': (39, 90), 'total_seq_len': (861, 1722)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ()},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'num_seqs': (90, None), 'total_seq_len': (861, 1722)}, 'workloads': 2, 'speedup': (1.66, 2.16, 2.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (45, None), 'num_seqs': (90, None), 'total_seq_len': (861, 1722)}, 'workloads': 1, 'speedup': (2.88, 2.88, 2.88), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64'), 'hand_back': True},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (148, 947), 'mean_seq_len': (94, 237), 'num_seqs': (8, 13), 'total_seq_len': (861, 2232)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (148, 947), 'mean_seq_len': (94, 237), 'num_seqs': (13, 30), 'total_seq_len': (861, 2232)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2040, None), 'num_seqs': (8, 39), 'total_seq_len': (861, 3444)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (148, 947), 'mean_seq_len': (237, None), 'num_seqs': (8, 21), 'total_seq_len': (861, None)}, 'workloads': 1, 'speedup': (1.5, 1.5, 1.5), 'fallbacks': (), 'hand_back': True},
+    {'region': 35, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (148, 947), 'mean_seq_len': (None, 40), 'num_seqs': (8, 30), 'total_seq_len': (861, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (148, 362), 'mean_seq_len': (40, 94), 'num_seqs': (8, 30), 'total_seq_len': (861, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
+    {'region': 37, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (362, 947), 'mean_seq_len': (40, 94), 'num_seqs': (8, 30), 'total_seq_len': (861, None)}, 'workloads': 1, 'speedup': (1.73, 1.73, 1.73), 'fallbacks': (), 'hand_back': True},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (947, 1440), 'num_seqs': (8, 39), 'total_seq_len': (861, None)}, 'workloads': 1, 'speedup': (2.94, 2.94, 2.94), 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1440, 2040), 'num_seqs': (8, 39), 'total_seq_len': (861, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (148, 947), 'mean_seq_len': (237, None), 'num_seqs': (21, 30), 'total_seq_len': (861, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (148, 947), 'num_seqs': (30, 39), 'total_seq_len': (861, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 42, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 511), 'mean_seq_len': (232, None), 'num_seqs': (None, 8), 'total_seq_len': (1217, None)}, 'workloads': 1, 'speedup': (5.14, 5.14, 5.14), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 148), 'num_seqs': (8, 39), 'total_seq_len': (1722, None)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ()},
+    {'region': 44, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 48), 'mean_seq_len': (None, 9), 'num_seqs': (39, None), 'total_seq_len': (1722, None)}, 'workloads': 2, 'speedup': (1.25, 1.54, 1.91), 'fallbacks': ()},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (48, None), 'mean_seq_len': (None, 9), 'num_seqs': (39, None), 'total_seq_len': (1722, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (9, None), 'num_seqs': (39, None), 'total_seq_len': (1722, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (148, 947), 'mean_seq_len': (94, 237), 'num_seqs': (8, 30), 'total_seq_len': (2232, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashqla_chunk')},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2040, None), 'num_seqs': (8, 39), 'total_seq_len': (3444, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashqla_chunk', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (755, 2406), 'num_seqs': (None, 8), 'total_seq_len': (6888, 9101)}, 'workloads': 2, 'speedup': (1.78, 2.14, 2.57), 'fallbacks': ()},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2406, None), 'num_seqs': (None, 8), 'total_seq_len': (6888, 9101)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (755, 3444), 'num_seqs': (None, 8), 'total_seq_len': (9101, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3444, None), 'num_seqs': (None, 8), 'total_seq_len': (9101, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -358,270 +396,335 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 1.91x (1.73x .. 2.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 51 and 5 < num_seqs <= 40 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 51 and 5 < num_seqs <= 40 and 11 < max_seq_len <= 17:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len > 14:
+    # region 1: 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 27 and 2 < num_seqs <= 5 and 4 < max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 1.91x (1.73x .. 2.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 53 and 5 < num_seqs <= 40 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 53 and 5 < num_seqs <= 40 and 11 < max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 76 and 9 < num_seqs <= 40 and mean_seq_len <= 2 and max_seq_len > 17:
+        return ('cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 76 and 9 < num_seqs <= 40 and 2 < mean_seq_len <= 107 and max_seq_len > 17:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 6: 2 workloads, 1.07x (1.06x .. 1.07x) over vllm_flashinfer_prefill
+    if total_seq_len <= 430 and num_seqs > 40 and 2 < mean_seq_len <= 6 and max_seq_len > 11:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 4: 5 workloads, 1.05x (1.04x .. 1.07x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 40 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len > 11:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 40 and mean_seq_len > 5 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 7: 1 workloads, 5.10x (5.10x .. 5.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1704 and num_seqs <= 5 and 17 < max_seq_len <= 32:
+    if total_seq_len <= 1432 and num_seqs <= 5 and 17 < max_seq_len <= 32:
         return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 8: 28 workloads, 2.58x (1.19x .. 5.78x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len <= 602 and max_seq_len > 32:
+    if total_seq_len <= 1432 and num_seqs <= 9 and 32 < max_seq_len <= 1023:
         return 'vllm_flashinfer_prefill.cp_off'
     # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len > 602 and max_seq_len > 32:
+    if total_seq_len <= 1432 and num_seqs <= 9 and max_seq_len > 1023:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1704 and 5 < num_seqs <= 9 and 17 < max_seq_len <= 32:
+    if total_seq_len <= 1432 and 5 < num_seqs <= 9 and 17 < max_seq_len <= 32:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 3 workloads, 1.08x (1.05x .. 1.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and 17 < max_seq_len <= 741:
+    # region 11: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1722 and num_seqs > 40 and mean_seq_len > 6 and max_seq_len <= 12:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and max_seq_len > 741:
+    # region 12: 3 workloads, 1.08x (1.05x .. 1.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 12222 and 9 < num_seqs <= 40 and mean_seq_len > 107 and 17 < max_seq_len <= 741:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 13: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 12222 and 9 < num_seqs <= 40 and mean_seq_len > 107 and max_seq_len > 741:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 1 workloads, 8.60x (8.60x .. 8.60x) over vllm_flashinfer_prefill
+    # region 14: 1 workloads, 8.60x (8.60x .. 8.60x) over vllm_flashinfer_prefill
     if num_seqs <= 1 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 14: 3 workloads, 7.62x (7.36x .. 7.84x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and 2 < max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 5 and 13 < max_seq_len <= 17:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 15: 2 workloads, 7.76x (7.67x .. 7.84x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and 2 < max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 2 and 10 < max_seq_len <= 17:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
     if 1 < num_seqs <= 5 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 17: 10 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-    if 9 < num_seqs <= 40 and mean_seq_len <= 90 and 17 < max_seq_len <= 1211:
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if 2 < num_seqs <= 5 and 2 < max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 19: 4 workloads, 1.05x (1.04x .. 1.06x) over vllm_flashinfer_prefill
+    if 40 < num_seqs <= 90 and mean_seq_len > 6 and 12 < max_seq_len <= 120:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 5 workloads, 1.50x (1.36x .. 1.68x) over vllm_flashinfer_prefill
-    if num_seqs > 40 and mean_seq_len <= 2 and max_seq_len <= 23:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 20: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 40 and mean_seq_len <= 2 and max_seq_len > 23:
+    # region 20: 5 workloads, 1.50x (1.36x .. 1.68x) over vllm_flashinfer_prefill
+    if num_seqs > 40 and mean_seq_len <= 2 and max_seq_len <= 28:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 21: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 40 and mean_seq_len <= 2 and max_seq_len > 28:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 3 workloads, 1.35x (1.27x .. 1.44x) over vllm_flashinfer_prefill
-    if num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len <= 14:
+    # region 22: 2 workloads, 1.40x (1.35x .. 1.44x) over vllm_flashinfer_prefill
+    if num_seqs > 40 and 2 < mean_seq_len <= 6 and max_seq_len <= 11:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 3 workloads, 1.28x (1.28x .. 1.29x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 5 < num_seqs <= 24 and mean_seq_len > 5 and max_seq_len <= 17:
+    # region 23: 12 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 40 and mean_seq_len > 6 and max_seq_len > 120:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 90 and mean_seq_len > 6 and 12 < max_seq_len <= 120:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 27 and 2 < num_seqs <= 5 and 4 < max_seq_len <= 17:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if 53 < total_seq_len <= 152 and 5 < num_seqs <= 40 and mean_seq_len <= 4 and max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 27: 1 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
+    if 53 < total_seq_len <= 152 and 5 < num_seqs <= 40 and mean_seq_len > 4 and max_seq_len <= 17:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 28: 10 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len > 76 and 9 < num_seqs <= 40 and mean_seq_len <= 107 and 17 < max_seq_len <= 1602:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 30: 2 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+    if total_seq_len > 152 and 5 < num_seqs <= 24 and max_seq_len <= 17:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 51 and 5 < num_seqs <= 40 and mean_seq_len <= 5 and max_seq_len <= 17:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 24: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 24 < num_seqs <= 40 and mean_seq_len > 5 and max_seq_len <= 17:
+    # region 31: 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill
+    if total_seq_len > 152 and 24 < num_seqs <= 40 and max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 32: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 152 and 24 < num_seqs <= 40 and 10 < max_seq_len <= 17:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 25: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len > 14:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 15 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 40 and mean_seq_len > 5:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 1704 < total_seq_len <= 2862 and num_seqs <= 9 and max_seq_len > 1491:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 5 workloads, 2.54x (1.72x .. 4.35x) over vllm_flashinfer_prefill
-    if total_seq_len > 1704 and num_seqs <= 9 and 17 < max_seq_len <= 1491:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 2304:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 2 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill's guarded call
-    if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 33: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len > 3402:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 430 and num_seqs > 40 and 2 < mean_seq_len <= 6 and 11 < max_seq_len <= 23:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 9101 < total_seq_len <= 23170 and num_seqs <= 5 and max_seq_len > 1491:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
-    if 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537:
+    if total_seq_len > 430 and num_seqs > 40 and 2 < mean_seq_len <= 6 and max_seq_len > 23:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 4 workloads, 2.43x (1.72x .. 4.35x) over vllm_flashinfer_prefill
+    if 1432 < total_seq_len <= 2435 and num_seqs <= 9 and 17 < max_seq_len <= 1611:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and max_seq_len > 17:
+    # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 1432 < total_seq_len <= 2435 and num_seqs <= 9 and max_seq_len > 1611:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1722 and num_seqs > 40 and mean_seq_len > 6 and max_seq_len <= 12:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 38: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 2435 < total_seq_len <= 6888 and num_seqs <= 9 and max_seq_len > 1917:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 1 workloads, 3.04x (3.04x .. 3.04x) over vllm_flashinfer_prefill
+    if total_seq_len > 2435 and num_seqs <= 9 and 17 < max_seq_len <= 1917:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 40: 2 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill's guarded call
+    if 6888 < total_seq_len <= 13277 and num_seqs <= 9 and 1917 < max_seq_len <= 3444:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 41: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 6888 < total_seq_len <= 13277 and num_seqs <= 9 and max_seq_len > 3444:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 42: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 12222 and 9 < num_seqs <= 40 and mean_seq_len > 107 and max_seq_len > 17:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663:
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
+    if 13277 < total_seq_len <= 19483 and 5 < num_seqs <= 9 and 1917 < max_seq_len <= 5537:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663:
+    # region 45: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 13277 and num_seqs <= 5 and max_seq_len > 1917:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 46: 0 workloads, by estimated times (no measured workload in it)
+    if 19483 < total_seq_len <= 27554 and 5 < num_seqs <= 9 and 1917 < max_seq_len <= 6611:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 48: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 27554 and 5 < num_seqs <= 9 and 1917 < max_seq_len <= 7663:
+        return 'vllm_flashinfer_prefill.cp_off'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 4.41x (3.85x .. 5.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 5 and 73 < max_seq_len <= 132:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 4 workloads, 3.65x (1.91x .. 7.59x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 8 < num_seqs <= 32 and max_seq_len <= 42:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 2 workloads, 2.48x (2.05x .. 3.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 32 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 2 workloads, 2.03x (1.83x .. 2.25x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 32 and max_seq_len > 6:
+    # region 1: 3 workloads, 4.23x (2.25x .. 7.59x) over vllm_flashinfer_prefill
+    if total_seq_len <= 107 and num_seqs > 8 and max_seq_len <= 109:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 362 and 5 < num_seqs <= 8 and max_seq_len <= 132:
+    # region 2: 2 workloads, 3.88x (3.85x .. 3.92x) over vllm_flashinfer_prefill
+    if total_seq_len <= 215 and num_seqs <= 5 and mean_seq_len <= 232 and 90 < max_seq_len <= 755:
+        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 304 and 5 < num_seqs <= 8 and mean_seq_len <= 232 and max_seq_len <= 177:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 362 and 8 < num_seqs <= 32 and 42 < max_seq_len <= 104:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 7: 1 workloads, 3.08x (3.08x .. 3.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 929 and num_seqs <= 1 and 486 < max_seq_len <= 755:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 1 workloads, 2.07x (2.07x .. 2.07x) over vllm_flashinfer_prefill
-    if total_seq_len <= 929 and 1 < num_seqs <= 8 and 486 < max_seq_len <= 755:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 2712:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 6 workloads, 9.11x (3.96x .. 17.75x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and max_seq_len <= 73:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 11: 6 workloads, 3.27x (2.04x .. 6.01x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and 132 < max_seq_len <= 315:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 4 workloads, 1.90x (1.60x .. 2.27x) over vllm_flashinfer_prefill
-    if num_seqs <= 8 and mean_seq_len <= 362 and 755 < max_seq_len <= 1914:
-        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 13: 4 workloads, 2.65x (1.70x .. 3.62x) over vllm_flashinfer_prefill
-    if num_seqs <= 8 and 315 < max_seq_len <= 486:
+    # region 4: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 861 and num_seqs > 8 and mean_seq_len <= 9 and max_seq_len > 109:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 861 and num_seqs > 8 and 9 < mean_seq_len <= 18 and 109 < max_seq_len <= 193:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 6: 1 workloads, 3.12x (3.12x .. 3.12x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 861 and num_seqs > 8 and 9 < mean_seq_len <= 18 and max_seq_len > 193:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 1 workloads, 1.58x (1.58x .. 1.58x) over vllm_flashinfer_prefill
+    if total_seq_len <= 861 and num_seqs > 8 and mean_seq_len > 18 and 109 < max_seq_len <= 396:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 8: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 861 and num_seqs > 8 and mean_seq_len > 18 and max_seq_len > 396:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 3 workloads, 3.94x (2.82x .. 6.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1217 and num_seqs <= 8 and mean_seq_len > 232 and max_seq_len <= 511:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 14: 3 workloads, 1.65x (1.29x .. 1.96x) over vllm_flashinfer_prefill
-    if num_seqs <= 8 and 1914 < max_seq_len <= 2712:
+    # region 10: 2 workloads, 1.90x (1.60x .. 2.27x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and num_seqs <= 8 and mean_seq_len <= 430 and 1081 < max_seq_len <= 1914:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
+    # region 11: 5 workloads, 1.68x (1.32x .. 2.09x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and num_seqs <= 8 and 755 < max_seq_len <= 1081:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 6 workloads, 1.85x (1.32x .. 2.57x) over vllm_flashinfer_prefill
-    if num_seqs <= 8 and mean_seq_len > 362 and 755 < max_seq_len <= 1914:
+    # region 12: 2 workloads, 1.59x (1.29x .. 1.96x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and num_seqs <= 8 and 1914 < max_seq_len <= 4528:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 2 workloads, 4.02x (3.14x .. 5.14x) over vllm_flashinfer_prefill
-    if 5 < num_seqs <= 8 and 132 < max_seq_len <= 315:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 8 < num_seqs <= 13 and 104 < max_seq_len <= 233:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 6888 and num_seqs <= 8 and max_seq_len > 4528:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashqla_chunk', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 14: 2 workloads, 1.84x (1.82x .. 1.85x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and num_seqs <= 8 and mean_seq_len > 430 and 1081 < max_seq_len <= 1914:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 15: 8 workloads, 7.84x (3.96x .. 17.75x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and mean_seq_len <= 232 and max_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 16: 4 workloads, 2.30x (2.02x .. 3.08x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and mean_seq_len > 232 and 511 < max_seq_len <= 755:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 17: 3 workloads, 2.82x (2.32x .. 3.14x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 8 and mean_seq_len <= 232 and 177 < max_seq_len <= 508:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
     # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if 8 < num_seqs <= 32 and mean_seq_len <= 90 and max_seq_len > 947:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 8 < num_seqs <= 32 and mean_seq_len <= 468 and 331 < max_seq_len <= 820:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill's guarded call
-    if 8 < num_seqs <= 32 and mean_seq_len <= 468 and 820 < max_seq_len <= 947:
-        return 'triton_prefill_chunked.v64'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if 8 < num_seqs <= 32 and 233 < max_seq_len <= 331:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 22: 1 workloads, 2.94x (2.94x .. 2.94x) over vllm_flashinfer_prefill
-    if 8 < num_seqs <= 32 and mean_seq_len > 90 and 947 < max_seq_len <= 1455:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 23: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 8 < num_seqs <= 32 and mean_seq_len > 90 and max_seq_len > 1455:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashqla_chunk', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 1 workloads, 1.50x (1.50x .. 1.50x) over vllm_flashinfer_prefill's guarded call
-    if 8 < num_seqs <= 32 and mean_seq_len > 468 and 331 < max_seq_len <= 947:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 25: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 13 < num_seqs <= 22 and 104 < max_seq_len <= 197:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 1 workloads, 3.12x (3.12x .. 3.12x) over vllm_flashinfer_prefill's guarded call
-    if 13 < num_seqs <= 22 and 197 < max_seq_len <= 233:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < num_seqs <= 32 and 104 < max_seq_len <= 233:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 28: 6 workloads, 2.38x (1.60x .. 3.52x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 557 and num_seqs > 32 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 557 and num_seqs > 32 and 22 < max_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 30: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 181 < total_seq_len <= 557 and num_seqs > 32 and max_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 3 workloads, 4.72x (3.73x .. 6.29x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 5 and 73 < max_seq_len <= 132:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 32: 4 workloads, 2.47x (1.88x .. 3.15x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 8 < num_seqs <= 32 and max_seq_len <= 42:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 33: 2 workloads, 4.32x (3.38x .. 5.53x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and 5 < num_seqs <= 8 and max_seq_len <= 132:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 34: 1 workloads, 4.54x (4.54x .. 4.54x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and 8 < num_seqs <= 32 and 42 < max_seq_len <= 104:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 35: 2 workloads, 1.47x (1.47x .. 1.48x) over vllm_flashinfer_prefill
-    if 557 < total_seq_len <= 1448 and 32 < num_seqs <= 90 and max_seq_len <= 181:
-        return 'triton_prefill_fused.c16v64'
-    # region 36: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
-    if 557 < total_seq_len <= 1448 and 32 < num_seqs <= 90 and max_seq_len > 181:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 557 < total_seq_len <= 1448 and 90 < num_seqs <= 188 and max_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 2 workloads, 2.16x (1.66x .. 2.82x) over vllm_flashinfer_prefill
-    if 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 39: 1 workloads, 2.88x (2.88x .. 2.88x) over vllm_flashinfer_prefill's guarded call
-    if 557 < total_seq_len <= 1448 and num_seqs > 188 and max_seq_len > 90:
+    if 5 < num_seqs <= 8 and mean_seq_len <= 232 and 508 < max_seq_len <= 755:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 40: 3 workloads, 2.08x (2.02x .. 2.14x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and num_seqs <= 8 and 486 < max_seq_len <= 755:
+    # region 19: 2 workloads, 2.48x (2.05x .. 3.01x) over vllm_flashinfer_prefill
+    if 107 < total_seq_len <= 215 and num_seqs > 8 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 20: 3 workloads, 2.12x (1.83x .. 2.74x) over vllm_flashinfer_prefill
+    if 107 < total_seq_len <= 215 and num_seqs > 8 and 6 < max_seq_len <= 109:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if 215 < total_seq_len <= 861 and num_seqs > 8 and mean_seq_len <= 18 and 40 < max_seq_len <= 109:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 22: 11 workloads, 2.30x (1.39x .. 3.52x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 861 and num_seqs > 8 and max_seq_len <= 40:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if 215 < total_seq_len <= 861 and num_seqs > 8 and mean_seq_len > 18 and 40 < max_seq_len <= 109:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 24: 9 workloads, 3.06x (1.70x .. 6.29x) over vllm_flashinfer_prefill
+    if total_seq_len > 215 and num_seqs <= 5 and mean_seq_len <= 232 and 90 < max_seq_len <= 755:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 25: 2 workloads, 4.32x (3.38x .. 5.53x) over vllm_flashinfer_prefill
+    if total_seq_len > 304 and 5 < num_seqs <= 8 and mean_seq_len <= 232 and max_seq_len <= 177:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 26: 1 workloads, 4.54x (4.54x .. 4.54x) over vllm_flashinfer_prefill
+    if 861 < total_seq_len <= 1722 and 8 < num_seqs <= 39 and max_seq_len <= 148:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 27: 2 workloads, 1.47x (1.47x .. 1.48x) over vllm_flashinfer_prefill
+    if 861 < total_seq_len <= 1722 and 39 < num_seqs <= 90 and max_seq_len <= 362:
+        return 'triton_prefill_fused.c16v64'
+    # region 28: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
+    if 861 < total_seq_len <= 1722 and 39 < num_seqs <= 90 and max_seq_len > 362:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 29: 2 workloads, 2.16x (1.66x .. 2.82x) over vllm_flashinfer_prefill
+    if 861 < total_seq_len <= 1722 and num_seqs > 90 and max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 30: 1 workloads, 2.88x (2.88x .. 2.88x) over vllm_flashinfer_prefill's guarded call
+    if 861 < total_seq_len <= 1722 and num_seqs > 90 and max_seq_len > 45:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 41: 1 workloads, 1.91x (1.91x .. 1.91x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs > 32 and max_seq_len <= 21:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 42: 14 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 32 and max_seq_len > 21:
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    if 861 < total_seq_len <= 2232 and 8 < num_seqs <= 13 and 94 < mean_seq_len <= 237 and 148 < max_seq_len <= 947:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 861 < total_seq_len <= 2232 and 13 < num_seqs <= 30 and 94 < mean_seq_len <= 237 and 148 < max_seq_len <= 947:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if 861 < total_seq_len <= 3444 and 8 < num_seqs <= 39 and max_seq_len > 2040:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 34: 1 workloads, 1.50x (1.50x .. 1.50x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 861 and 8 < num_seqs <= 21 and mean_seq_len > 237 and 148 < max_seq_len <= 947:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 861 and 8 < num_seqs <= 30 and mean_seq_len <= 40 and 148 < max_seq_len <= 947:
+        return 'triton_prefill_chunked.v64'
+    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 861 and 8 < num_seqs <= 30 and 40 < mean_seq_len <= 94 and 148 < max_seq_len <= 362:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 861 and 8 < num_seqs <= 30 and 40 < mean_seq_len <= 94 and 362 < max_seq_len <= 947:
+        return 'triton_prefill_chunked.v64'
+    # region 38: 1 workloads, 2.94x (2.94x .. 2.94x) over vllm_flashinfer_prefill
+    if total_seq_len > 861 and 8 < num_seqs <= 39 and 947 < max_seq_len <= 1440:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 861 and 8 < num_seqs <= 39 and 1440 < max_seq_len <= 2040:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 861 and 21 < num_seqs <= 30 and mean_seq_len > 237 and 148 < max_seq_len <= 947:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4840 and num_seqs <= 8 and max_seq_len > 2712:
+    # region 41: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 861 and 30 < num_seqs <= 39 and 148 < max_seq_len <= 947:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 42: 1 workloads, 5.14x (5.14x .. 5.14x) over vllm_flashinfer_prefill
+    if total_seq_len > 1217 and num_seqs <= 8 and mean_seq_len > 232 and max_seq_len <= 511:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 43: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
+    if total_seq_len > 1722 and 8 < num_seqs <= 39 and max_seq_len <= 148:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 44: 2 workloads, 1.54x (1.25x .. 1.91x) over vllm_flashinfer_prefill
+    if total_seq_len > 1722 and num_seqs > 39 and mean_seq_len <= 9 and max_seq_len <= 48:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 45: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1722 and num_seqs > 39 and mean_seq_len <= 9 and max_seq_len > 48:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
+    # region 46: 12 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1722 and num_seqs > 39 and mean_seq_len > 9:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 47: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2232 and 8 < num_seqs <= 30 and 94 < mean_seq_len <= 237 and 148 < max_seq_len <= 947:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
+    # region 48: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3444 and 8 < num_seqs <= 39 and max_seq_len > 2040:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashqla_chunk', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 49: 2 workloads, 2.14x (1.78x .. 2.57x) over vllm_flashinfer_prefill
+    if 6888 < total_seq_len <= 9101 and num_seqs <= 8 and 755 < max_seq_len <= 2406:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 50: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 6888 < total_seq_len <= 9101 and num_seqs <= 8 and max_seq_len > 2406:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 51: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 9101 and num_seqs <= 8 and 755 < max_seq_len <= 3444:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 52: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 9101 and num_seqs <= 8 and max_seq_len > 3444:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304:  # region 30
+    if total_seq_len > 430 and num_seqs > 40 and 2 < mean_seq_len <= 6 and 11 < max_seq_len <= 23:  # region 33
         return True
-    if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402:  # region 32
+    if total_seq_len > 1722 and num_seqs > 40 and mean_seq_len > 6 and max_seq_len <= 12:  # region 37
         return True
-    if 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537:  # region 35
+    if 6888 < total_seq_len <= 13277 and num_seqs <= 9 and 1917 < max_seq_len <= 3444:  # region 40
         return True
-    if total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663:  # region 38
+    if 13277 < total_seq_len <= 19483 and 5 < num_seqs <= 9 and 1917 < max_seq_len <= 5537:  # region 43
+        return True
+    if 19483 < total_seq_len <= 27554 and 5 < num_seqs <= 9 and 1917 < max_seq_len <= 6611:  # region 46
+        return True
+    if total_seq_len > 27554 and 5 < num_seqs <= 9 and 1917 < max_seq_len <= 7663:  # region 48
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 8 < num_seqs <= 32 and mean_seq_len <= 468 and 820 < max_seq_len <= 947:  # region 20
+    if total_seq_len <= 861 and num_seqs > 8 and 9 < mean_seq_len <= 18 and max_seq_len > 193:  # region 6
         return True
-    if 8 < num_seqs <= 32 and mean_seq_len > 468 and 331 < max_seq_len <= 947:  # region 24
+    if 861 < total_seq_len <= 1722 and num_seqs > 90 and max_seq_len > 45:  # region 30
         return True
-    if 13 < num_seqs <= 22 and 197 < max_seq_len <= 233:  # region 26
+    if 861 < total_seq_len <= 2232 and 8 < num_seqs <= 13 and 94 < mean_seq_len <= 237 and 148 < max_seq_len <= 947:  # region 31
         return True
-    if 557 < total_seq_len <= 1448 and num_seqs > 188 and max_seq_len > 90:  # region 39
+    if total_seq_len > 861 and 8 < num_seqs <= 21 and mean_seq_len > 237 and 148 < max_seq_len <= 947:  # region 34
+        return True
+    if total_seq_len > 861 and 8 < num_seqs <= 30 and mean_seq_len <= 40 and 148 < max_seq_len <= 947:  # region 35
+        return True
+    if total_seq_len > 861 and 8 < num_seqs <= 30 and 40 < mean_seq_len <= 94 and 362 < max_seq_len <= 947:  # region 37
         return True
     return False

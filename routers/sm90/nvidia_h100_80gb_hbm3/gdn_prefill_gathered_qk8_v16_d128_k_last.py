@@ -153,167 +153,227 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2106 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 4210 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.10% mean, 42.60% max;
-#             1.140x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 16.31% mean, 432.13% max;
-#             1.527x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.51% mean, 42.60% max;
+#             1.149x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 15.02% mean, 432.13% max;
+#             1.542x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 63 and num_seqs <= 2 and mean_seq_len <= 5: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.29x (7.43x .. 9.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 63 and num_seqs <= 8 and mean_seq_len > 5: triton_prefill_fused.c16v32, 2 workloads, 4.73x (3.98x .. 5.63x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 63 and 2 < num_seqs <= 8 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 90 and 8 < num_seqs <= 23 and max_seq_len <= 23: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.85x (1.76x .. 1.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 90 and 8 < num_seqs <= 23 and max_seq_len > 23: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   6. total_seq_len <= 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 39: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.35x (1.32x .. 1.37x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   7. total_seq_len <= 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len > 39: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   8. total_seq_len <= 5404 and 23 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len <= 830: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   9. 23 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len > 830: vllm_flashinfer_prefill (baseline), 0 workloads
-#   10. num_seqs > 23 and mean_seq_len <= 3 and max_seq_len <= 85: cuda_prefill_pool_rows.k4c8, 8 workloads, 1.39x (1.28x .. 1.51x) over vllm_flashinfer_prefill
-#   11. num_seqs > 23 and mean_seq_len <= 3 and max_seq_len > 85: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   12. num_seqs > 34 and mean_seq_len > 4: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   13. 63 < total_seq_len <= 2896 and 4 < num_seqs <= 8 and 1097 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   14. 63 < total_seq_len <= 2896 and 4 < num_seqs <= 8 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   15. total_seq_len > 63 and num_seqs <= 2 and 1723 < mean_seq_len <= 2896: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   16. total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 2896: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   17. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281: vllm_flashinfer_prefill.cp_off, 28 workloads, 2.47x (1.13x .. 4.92x) over vllm_flashinfer_prefill
-#   18. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   19. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.67x (1.56x .. 1.79x) over vllm_flashinfer_prefill
-#   20. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   21. total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-#   22. total_seq_len > 63 and 4 < num_seqs <= 8 and 896 < max_seq_len <= 900: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   23. total_seq_len > 63 and 4 < num_seqs <= 8 and 900 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   24. total_seq_len > 63 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1097: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   25. 90 < total_seq_len <= 1448 and 8 < num_seqs <= 23 and max_seq_len <= 156: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.10x (1.08x .. 1.12x) over vllm_flashinfer_prefill
-#   26. 90 < total_seq_len <= 5792 and 8 < num_seqs <= 23 and 518 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   27. 90 < total_seq_len <= 5792 and 8 < num_seqs <= 23 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
-#   28. total_seq_len > 90 and 8 < num_seqs <= 23 and 156 < max_seq_len <= 425: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
-#   29. total_seq_len > 90 and 8 < num_seqs <= 23 and 425 < max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   30. total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.30x (1.28x .. 1.33x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   31. total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len > 53: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   32. total_seq_len > 1448 and 8 < num_seqs <= 23 and max_seq_len <= 156: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   33. total_seq_len > 2896 and 4 < num_seqs <= 8 and 1097 < max_seq_len <= 2655: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   34. total_seq_len > 2896 and 4 < num_seqs <= 8 and max_seq_len > 2655: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   35. total_seq_len > 5404 and 23 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len <= 830: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   36. total_seq_len > 5792 and 8 < num_seqs <= 23 and 518 < max_seq_len <= 1253: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   37. total_seq_len > 5792 and 8 < num_seqs <= 23 and max_seq_len > 1253: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   1. total_seq_len <= 11 and num_seqs <= 45 and 3 < mean_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 37 and num_seqs <= 45 and 4 < mean_seq_len <= 10: triton_prefill_fused.c16v32, 1 workloads, 5.63x (5.63x .. 5.63x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   3. total_seq_len <= 107 and num_seqs <= 90 and mean_seq_len <= 3 and max_seq_len > 44: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   4. total_seq_len <= 304 and num_seqs > 90 and mean_seq_len <= 3 and 44 < max_seq_len <= 85: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it)
+#   5. total_seq_len <= 304 and num_seqs > 90 and mean_seq_len <= 3 and max_seq_len > 85: vllm_flashinfer_prefill (baseline), 0 workloads
+#   6. total_seq_len <= 430 and num_seqs > 45 and 4 < mean_seq_len <= 10 and max_seq_len <= 31: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   7. total_seq_len <= 608 and num_seqs > 45 and 4 < mean_seq_len <= 10 and max_seq_len > 31: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   8. total_seq_len <= 724 and num_seqs > 45 and 3 < mean_seq_len <= 4 and max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.37x (1.35x .. 1.39x) over vllm_flashinfer_prefill
+#   9. total_seq_len <= 724 and num_seqs > 45 and 3 < mean_seq_len <= 4 and max_seq_len > 23: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 1217 and 4 < num_seqs <= 10 and mean_seq_len > 10 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+#   11. total_seq_len <= 1217 and 4 < num_seqs <= 10 and mean_seq_len > 10 and 896 < max_seq_len <= 1097: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   12. total_seq_len <= 2435 and 4 < num_seqs <= 10 and mean_seq_len > 10 and 1097 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   13. total_seq_len <= 2435 and 4 < num_seqs <= 10 and mean_seq_len > 10 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
+#   14. total_seq_len <= 2899 and num_seqs <= 4 and mean_seq_len > 10 and max_seq_len > 2281: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   15. num_seqs <= 4 and 10 < mean_seq_len <= 13 and max_seq_len <= 26: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   16. num_seqs <= 4 and 10 < mean_seq_len <= 13 and 26 < max_seq_len <= 2281: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   17. num_seqs <= 4 and mean_seq_len > 13 and max_seq_len <= 2281: vllm_flashinfer_prefill.cp_off, 30 workloads, 2.48x (1.13x .. 4.92x) over vllm_flashinfer_prefill
+#   18. mean_seq_len <= 3 and max_seq_len <= 44: cuda_prefill_pool_rows.k4c8, 12 workloads, 1.99x (1.28x .. 8.51x) over vllm_flashinfer_prefill
+#   19. 10 < num_seqs <= 34 and 10 < mean_seq_len <= 107 and max_seq_len <= 1097: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.08x (1.04x .. 1.12x) over vllm_flashinfer_prefill
+#   20. 10 < num_seqs <= 34 and mean_seq_len > 10 and max_seq_len > 1097: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   21. 10 < num_seqs <= 34 and mean_seq_len > 107 and max_seq_len <= 1097: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   22. num_seqs > 34 and mean_seq_len > 10: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   23. 11 < total_seq_len <= 37 and num_seqs <= 45 and 3 < mean_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 37 and num_seqs <= 45 and 3 < mean_seq_len <= 4 and max_seq_len <= 23: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
+#   25. total_seq_len > 37 and num_seqs <= 45 and 3 < mean_seq_len <= 4 and max_seq_len > 23: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   26. total_seq_len > 37 and num_seqs <= 45 and 4 < mean_seq_len <= 10 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 37 and num_seqs <= 45 and 4 < mean_seq_len <= 10 and max_seq_len > 9: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.10x (1.09x .. 1.10x) over vllm_flashinfer_prefill
+#   28. 107 < total_seq_len <= 152 and num_seqs <= 90 and mean_seq_len <= 3 and max_seq_len > 44: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   29. total_seq_len > 152 and num_seqs <= 90 and mean_seq_len <= 3 and max_seq_len > 44: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   30. total_seq_len > 304 and num_seqs > 90 and mean_seq_len <= 1 and max_seq_len > 44: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   31. total_seq_len > 304 and num_seqs > 90 and 1 < mean_seq_len <= 3 and max_seq_len > 44: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   32. 430 < total_seq_len <= 608 and num_seqs > 45 and 4 < mean_seq_len <= 10 and max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.10x (1.05x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   33. total_seq_len > 608 and num_seqs > 45 and 4 < mean_seq_len <= 10 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   34. total_seq_len > 608 and num_seqs > 45 and 4 < mean_seq_len <= 10 and 22 < max_seq_len <= 31: vllm_flashinfer_prefill (baseline), 0 workloads
+#   35. total_seq_len > 608 and num_seqs > 45 and 4 < mean_seq_len <= 10 and max_seq_len > 31: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   36. total_seq_len > 724 and num_seqs > 45 and 3 < mean_seq_len <= 4 and max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.30x (1.27x .. 1.32x) over vllm_flashinfer_prefill
+#   37. total_seq_len > 724 and num_seqs > 45 and 3 < mean_seq_len <= 4 and max_seq_len > 29: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   38. total_seq_len > 1217 and 4 < num_seqs <= 10 and mean_seq_len > 10 and max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+#   39. total_seq_len > 1217 and 4 < num_seqs <= 10 and mean_seq_len > 10 and 956 < max_seq_len <= 1097: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   40. total_seq_len > 2435 and 4 < num_seqs <= 10 and mean_seq_len > 10 and 1097 < max_seq_len <= 2655: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   41. total_seq_len > 2435 and 4 < num_seqs <= 10 and mean_seq_len > 10 and max_seq_len > 2655: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   42. 2899 < total_seq_len <= 4871 and num_seqs <= 2 and mean_seq_len > 10 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   43. 2899 < total_seq_len <= 4871 and 2 < num_seqs <= 4 and mean_seq_len > 10 and max_seq_len > 2281: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   44. total_seq_len > 4871 and num_seqs <= 4 and mean_seq_len > 10 and 2281 < max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.56x (1.56x .. 1.56x) over vllm_flashinfer_prefill
+#   45. total_seq_len > 4871 and num_seqs <= 4 and mean_seq_len > 10 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 36 and num_seqs > 4 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.12x (2.51x .. 3.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   2. total_seq_len <= 36 and num_seqs > 4 and 3 < max_seq_len <= 104: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   3. total_seq_len <= 90 and num_seqs <= 4 and max_seq_len <= 21: cuda_prefill_pool_rows.k8c8, 3 workloads, 9.50x (7.90x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 90 and num_seqs <= 4 and 21 < max_seq_len <= 199: cuda_prefill_pool_rows.k16c8, 1 workloads, 6.38x (6.38x .. 6.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 397 and 4 < num_seqs <= 22 and 104 < max_seq_len <= 157: triton_prefill_fused.c16v32, 1 workloads, 1.90x (1.90x .. 1.90x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   6. total_seq_len <= 397 and num_seqs > 4 and max_seq_len > 157: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   7. total_seq_len <= 397 and num_seqs > 22 and 104 < max_seq_len <= 157: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 724 and num_seqs <= 4 and 199 < max_seq_len <= 686: triton_prefill_fused.c16v32, 8 workloads, 3.60x (2.67x .. 5.09x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 686: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.37x (1.76x .. 3.40x) over vllm_flashinfer_prefill
-#   10. 2 < num_seqs <= 4 and 686 < max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.81x (1.49x .. 2.26x) over vllm_flashinfer_prefill
-#   11. 2 < num_seqs <= 4 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   12. 36 < total_seq_len <= 78 and num_seqs > 4 and max_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   13. 36 < total_seq_len <= 78 and num_seqs > 4 and 5 < max_seq_len <= 104: cuda_prefill_pool_rows.k8c8, 1 workloads, 4.16x (4.16x .. 4.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   14. 78 < total_seq_len <= 397 and num_seqs > 4 and max_seq_len <= 104: cuda_prefill_pool_rows.k4c8, 12 workloads, 2.08x (1.58x .. 3.85x) over vllm_flashinfer_prefill
-#   15. 90 < total_seq_len <= 181 and num_seqs <= 4 and 118 < max_seq_len <= 199: cuda_prefill_pool_rows.k16c8, 1 workloads, 3.92x (3.92x .. 3.92x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   16. total_seq_len > 90 and num_seqs <= 4 and max_seq_len <= 118: cuda_prefill_pool_rows.k8c8, 4 workloads, 4.83x (3.52x .. 6.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   17. total_seq_len > 181 and num_seqs <= 4 and 118 < max_seq_len <= 199: triton_prefill_fused.c16v64, 3 workloads, 5.29x (4.38x .. 7.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   18. 397 < total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 53: triton_prefill_fused.c16v64, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
-#   19. 397 < total_seq_len <= 7643 and num_seqs > 14 and mean_seq_len > 180 and max_seq_len > 53: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.50x (2.50x .. 2.50x) over vllm_flashinfer_prefill
-#   20. total_seq_len > 397 and 4 < num_seqs <= 14 and 53 < max_seq_len <= 189: triton_prefill_fused.c16v64, 3 workloads, 1.80x (1.33x .. 2.62x) over vllm_flashinfer_prefill
-#   21. total_seq_len > 397 and 4 < num_seqs <= 14 and 189 < max_seq_len <= 476: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   22. total_seq_len > 397 and 4 < num_seqs <= 14 and 476 < max_seq_len <= 563: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   23. total_seq_len > 397 and 4 < num_seqs <= 14 and max_seq_len > 563: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   24. total_seq_len > 397 and num_seqs > 4 and mean_seq_len <= 11 and max_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.76x (1.43x .. 2.39x) over vllm_flashinfer_prefill
-#   25. total_seq_len > 397 and 14 < num_seqs <= 181 and 2 < mean_seq_len <= 8 and 53 < max_seq_len <= 313: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   26. total_seq_len > 397 and 14 < num_seqs <= 181 and 2 < mean_seq_len <= 8 and max_seq_len > 313: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   27. total_seq_len > 397 and num_seqs > 14 and mean_seq_len <= 2 and max_seq_len > 53: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.74x (1.74x .. 1.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
-#   28. total_seq_len > 397 and num_seqs > 14 and 8 < mean_seq_len <= 180 and max_seq_len > 53: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   29. total_seq_len > 397 and num_seqs > 181 and 2 < mean_seq_len <= 8 and 53 < max_seq_len <= 181: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   30. total_seq_len > 397 and num_seqs > 181 and 2 < mean_seq_len <= 8 and max_seq_len > 181: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   31. 724 < total_seq_len <= 1448 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 53: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   32. total_seq_len > 724 and num_seqs <= 4 and 199 < max_seq_len <= 686: triton_prefill_fused.c16v64, 5 workloads, 3.37x (2.11x .. 4.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   33. total_seq_len > 1448 and 4 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 53: triton_prefill_fused.c16v64, 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   34. total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 53: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   35. total_seq_len > 7643 and num_seqs > 14 and mean_seq_len > 180 and max_seq_len > 53: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   36. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 686: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 215 and num_seqs <= 2 and mean_seq_len <= 304 and max_seq_len <= 13: cuda_prefill_pool_rows.k8c8, 2 workloads, 10.42x (9.55x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 215 and num_seqs <= 2 and mean_seq_len <= 304 and 13 < max_seq_len <= 250: cuda_prefill_pool_rows.k16c8, 2 workloads, 5.00x (3.92x .. 6.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 215 and 2 < num_seqs <= 8 and mean_seq_len <= 304 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.51x (2.51x .. 2.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   4. total_seq_len <= 215 and 2 < num_seqs <= 8 and mean_seq_len <= 304 and 2 < max_seq_len <= 250: cuda_prefill_pool_rows.k8c8, 4 workloads, 5.91x (4.83x .. 7.90x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 304 and num_seqs > 8 and mean_seq_len > 6 and max_seq_len <= 85: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.18x (1.67x .. 3.85x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   6. total_seq_len <= 304 and num_seqs > 8 and mean_seq_len > 6 and 85 < max_seq_len <= 178: triton_prefill_fused.c16v32, 1 workloads, 1.90x (1.90x .. 1.90x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   7. total_seq_len <= 430 and 8 < num_seqs <= 25 and mean_seq_len <= 6 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.88x (3.88x .. 3.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   8. total_seq_len <= 430 and 8 < num_seqs <= 25 and mean_seq_len <= 6 and 3 < max_seq_len <= 178: cuda_prefill_pool_rows.k8c8, 1 workloads, 4.16x (4.16x .. 4.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   9. total_seq_len <= 430 and num_seqs > 8 and 178 < max_seq_len <= 237: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   10. total_seq_len <= 430 and num_seqs > 8 and max_seq_len > 237: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   11. total_seq_len <= 430 and num_seqs > 25 and mean_seq_len <= 6 and max_seq_len <= 178: cuda_prefill_pool_rows.k4c8, 8 workloads, 2.04x (1.58x .. 3.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   12. total_seq_len <= 815 and num_seqs <= 8 and mean_seq_len > 304: triton_prefill_fused.c16v32, 2 workloads, 3.38x (3.13x .. 3.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   13. total_seq_len <= 1722 and num_seqs <= 8 and 152 < mean_seq_len <= 304 and max_seq_len > 250: triton_prefill_fused.c16v32, 4 workloads, 2.69x (1.58x .. 4.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   14. num_seqs <= 8 and mean_seq_len <= 107 and 250 < max_seq_len <= 401: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill
+#   15. num_seqs <= 8 and mean_seq_len <= 107 and max_seq_len > 401: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   16. num_seqs <= 8 and 107 < mean_seq_len <= 152 and 250 < max_seq_len <= 510: triton_prefill_fused.c16v32, 2 workloads, 2.99x (2.67x .. 3.35x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   17. num_seqs <= 8 and 107 < mean_seq_len <= 152 and max_seq_len > 510: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   18. 215 < total_seq_len <= 304 and num_seqs <= 8 and mean_seq_len <= 304 and max_seq_len <= 76: cuda_prefill_pool_rows.k8c8, 1 workloads, 3.52x (3.52x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   19. total_seq_len > 215 and num_seqs <= 8 and mean_seq_len <= 304 and 76 < max_seq_len <= 201: triton_prefill_fused.c16v64, 4 workloads, 4.44x (2.62x .. 7.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   20. total_seq_len > 215 and num_seqs <= 8 and mean_seq_len <= 304 and 201 < max_seq_len <= 250: triton_prefill_fused.c16v32, 3 workloads, 4.27x (3.38x .. 5.09x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   21. 304 < total_seq_len <= 430 and num_seqs > 8 and mean_seq_len > 6 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   22. 304 < total_seq_len <= 430 and num_seqs > 8 and mean_seq_len > 6 and 45 < max_seq_len <= 178: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
+#   23. total_seq_len > 304 and num_seqs <= 8 and mean_seq_len <= 304 and max_seq_len <= 76: triton_prefill_fused.c16v64, 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
+#   24. 430 < total_seq_len <= 545 and 8 < num_seqs <= 22 and max_seq_len > 85: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   25. 430 < total_seq_len <= 861 and num_seqs > 8 and mean_seq_len <= 9 and 38 < max_seq_len <= 85: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   26. 430 < total_seq_len <= 861 and num_seqs > 8 and mean_seq_len <= 18 and max_seq_len <= 38: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.93x (1.43x .. 2.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   27. 430 < total_seq_len <= 861 and num_seqs > 8 and mean_seq_len > 9 and 38 < max_seq_len <= 85: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off
+#   28. 430 < total_seq_len <= 861 and num_seqs > 8 and mean_seq_len > 18 and max_seq_len <= 38: triton_prefill_fused.c16v64, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
+#   29. 430 < total_seq_len <= 861 and num_seqs > 22 and 85 < max_seq_len <= 181: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   30. 430 < total_seq_len <= 861 and num_seqs > 22 and max_seq_len > 181: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.44x (1.36x .. 1.53x) over vllm_flashinfer_prefill
+#   31. 545 < total_seq_len <= 861 and 8 < num_seqs <= 22 and max_seq_len > 85: triton_prefill_fused.c16v64, 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   32. 815 < total_seq_len <= 2435 and num_seqs <= 8 and mean_seq_len > 304 and max_seq_len <= 617: triton_prefill_fused.c16v64, 3 workloads, 3.36x (2.11x .. 4.52x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   33. 815 < total_seq_len <= 2435 and num_seqs <= 8 and mean_seq_len > 304 and max_seq_len > 617: vllm_flashinfer_prefill.cp_off, 6 workloads, 2.21x (1.49x .. 3.40x) over vllm_flashinfer_prefill
+#   34. 861 < total_seq_len <= 1217 and num_seqs > 8 and 8 < mean_seq_len <= 152 and max_seq_len <= 43: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   35. 861 < total_seq_len <= 1217 and num_seqs > 8 and 8 < mean_seq_len <= 152 and max_seq_len > 43: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   36. 861 < total_seq_len <= 4871 and num_seqs > 8 and mean_seq_len > 152 and max_seq_len > 431: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   37. 861 < total_seq_len <= 19483 and num_seqs > 8 and mean_seq_len > 152 and max_seq_len <= 431: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.50x (2.50x .. 2.50x) over vllm_flashinfer_prefill
+#   38. total_seq_len > 861 and num_seqs > 8 and mean_seq_len <= 8 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.60x (1.45x .. 1.95x) over vllm_flashinfer_prefill
+#   39. total_seq_len > 861 and num_seqs > 8 and mean_seq_len <= 8 and max_seq_len > 56: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   40. 1217 < total_seq_len <= 1743 and num_seqs > 8 and 8 < mean_seq_len <= 152 and max_seq_len <= 362: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   41. 1217 < total_seq_len <= 1743 and num_seqs > 8 and 8 < mean_seq_len <= 152 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   42. total_seq_len > 1722 and num_seqs <= 8 and 152 < mean_seq_len <= 304 and max_seq_len > 250: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   43. 1743 < total_seq_len <= 3444 and num_seqs > 181 and 8 < mean_seq_len <= 152 and max_seq_len <= 181: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   44. 1743 < total_seq_len <= 3444 and num_seqs > 181 and 8 < mean_seq_len <= 152 and max_seq_len > 181: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   45. total_seq_len > 1743 and 8 < num_seqs <= 181 and 8 < mean_seq_len <= 26 and max_seq_len <= 181: triton_prefill_fused.c16v64, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   46. total_seq_len > 1743 and 8 < num_seqs <= 181 and 8 < mean_seq_len <= 26 and max_seq_len > 181: vllm_flashinfer_prefill (baseline), 0 workloads
+#   47. total_seq_len > 1743 and 8 < num_seqs <= 181 and 26 < mean_seq_len <= 152: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   48. 2435 < total_seq_len <= 6888 and num_seqs <= 8 and mean_seq_len > 304: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.92x (1.92x .. 1.92x) over vllm_flashinfer_prefill
+#   49. 3444 < total_seq_len <= 6888 and num_seqs > 181 and 8 < mean_seq_len <= 152 and max_seq_len <= 76: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   50. total_seq_len > 3444 and num_seqs > 181 and 8 < mean_seq_len <= 152 and max_seq_len > 76: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   51. total_seq_len > 4871 and num_seqs > 8 and mean_seq_len > 152 and max_seq_len > 431: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   52. 6888 < total_seq_len <= 12815 and num_seqs <= 4 and mean_seq_len > 304 and max_seq_len <= 6444: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.70x (1.55x .. 1.86x) over vllm_flashinfer_prefill
+#   53. 6888 < total_seq_len <= 12815 and num_seqs <= 4 and mean_seq_len > 304 and max_seq_len > 6444: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   54. total_seq_len > 6888 and 4 < num_seqs <= 8 and mean_seq_len > 304 and max_seq_len <= 2383: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill
+#   55. total_seq_len > 6888 and 4 < num_seqs <= 8 and mean_seq_len > 304 and max_seq_len > 2383: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   56. total_seq_len > 6888 and num_seqs > 181 and 8 < mean_seq_len <= 152 and max_seq_len <= 76: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   57. total_seq_len > 12815 and num_seqs <= 4 and mean_seq_len > 304: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   58. total_seq_len > 19483 and num_seqs > 8 and mean_seq_len > 152 and max_seq_len <= 431: vllm_flashinfer_prefill (baseline), 0 workloads
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (None, 2), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (7.43, 8.29, 9.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (3.98, 4.73, 5.63), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (2, 8), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (1.73, 1.73, 1.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 23), 'num_seqs': (8, 23), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (1.76, 1.85, 1.95), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (23, None), 'num_seqs': (8, 23), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (3, 4), 'num_seqs': (34, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.32, 1.35, 1.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (3, 4), 'num_seqs': (34, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 830), 'mean_seq_len': (3, None), 'num_seqs': (23, 34), 'total_seq_len': (None, 5404)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (830, None), 'mean_seq_len': (3, None), 'num_seqs': (23, 34)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 85), 'mean_seq_len': (None, 3), 'num_seqs': (23, None)}, 'workloads': 8, 'speedup': (1.28, 1.39, 1.51), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (85, None), 'mean_seq_len': (None, 3), 'num_seqs': (23, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4, None), 'num_seqs': (34, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1097, 1667), 'num_seqs': (4, 8), 'total_seq_len': (63, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'num_seqs': (4, 8), 'total_seq_len': (63, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (1723, 2896), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2896, None), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 28, 'speedup': (1.13, 2.47, 4.92), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 4399), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.56, 1.67, 1.79), 'fallbacks': ()},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 6, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (896, 900), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (900, 956), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1097), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 156), 'num_seqs': (8, 23), 'total_seq_len': (90, 1448)}, 'workloads': 9, 'speedup': (1.08, 1.1, 1.12), 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1667), 'num_seqs': (8, 23), 'total_seq_len': (90, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'num_seqs': (8, 23), 'total_seq_len': (90, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (156, 425), 'num_seqs': (8, 23), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (425, 518), 'num_seqs': (8, 23), 'total_seq_len': (90, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 53), 'mean_seq_len': (3, 4), 'num_seqs': (34, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.28, 1.3, 1.33), 'fallbacks': (), 'hand_back': True},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (3, 4), 'num_seqs': (34, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 156), 'num_seqs': (8, 23), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1097, 2655), 'num_seqs': (4, 8), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2655, None), 'num_seqs': (4, 8), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 830), 'mean_seq_len': (3, None), 'num_seqs': (23, 34), 'total_seq_len': (5404, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1253), 'num_seqs': (8, 23), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1253, None), 'num_seqs': (8, 23), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (3, 4), 'num_seqs': (None, 45), 'total_seq_len': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (4, 10), 'num_seqs': (None, 45), 'total_seq_len': (None, 37)}, 'workloads': 1, 'speedup': (5.63, 5.63, 5.63), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (None, 3), 'num_seqs': (None, 90), 'total_seq_len': (None, 107)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (44, 85), 'mean_seq_len': (None, 3), 'num_seqs': (90, None), 'total_seq_len': (None, 304)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (85, None), 'mean_seq_len': (None, 3), 'num_seqs': (90, None), 'total_seq_len': (None, 304)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 31), 'mean_seq_len': (4, 10), 'num_seqs': (45, None), 'total_seq_len': (None, 430)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (31, None), 'mean_seq_len': (4, 10), 'num_seqs': (45, None), 'total_seq_len': (None, 608)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (3, 4), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.35, 1.37, 1.39), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (3, 4), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (10, None), 'num_seqs': (4, 10), 'total_seq_len': (None, 1217)}, 'workloads': 5, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (896, 1097), 'mean_seq_len': (10, None), 'num_seqs': (4, 10), 'total_seq_len': (None, 1217)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1097, 1667), 'mean_seq_len': (10, None), 'num_seqs': (4, 10), 'total_seq_len': (None, 2435)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (10, None), 'num_seqs': (4, 10), 'total_seq_len': (None, 2435)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (10, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2899)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (10, 13), 'num_seqs': (None, 4)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (26, 2281), 'mean_seq_len': (10, 13), 'num_seqs': (None, 4)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (13, None), 'num_seqs': (None, 4)}, 'workloads': 30, 'speedup': (1.13, 2.48, 4.92), 'fallbacks': ()},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (None, 3)}, 'workloads': 12, 'speedup': (1.28, 1.99, 8.51), 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1097), 'mean_seq_len': (10, 107), 'num_seqs': (10, 34)}, 'workloads': 10, 'speedup': (1.04, 1.08, 1.12), 'fallbacks': ()},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1097, None), 'mean_seq_len': (10, None), 'num_seqs': (10, 34)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 1097), 'mean_seq_len': (107, None), 'num_seqs': (10, 34)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (10, None), 'num_seqs': (34, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (3, 4), 'num_seqs': (None, 45), 'total_seq_len': (11, 37)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (3, 4), 'num_seqs': (None, 45), 'total_seq_len': (37, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (3, 4), 'num_seqs': (None, 45), 'total_seq_len': (37, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (4, 10), 'num_seqs': (None, 45), 'total_seq_len': (37, None)}, 'workloads': 1, 'speedup': (1.3, 1.3, 1.3), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (9, None), 'mean_seq_len': (4, 10), 'num_seqs': (None, 45), 'total_seq_len': (37, None)}, 'workloads': 2, 'speedup': (1.09, 1.1, 1.1), 'fallbacks': ()},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (None, 3), 'num_seqs': (None, 90), 'total_seq_len': (107, 152)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (None, 3), 'num_seqs': (None, 90), 'total_seq_len': (152, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (None, 1), 'num_seqs': (90, None), 'total_seq_len': (304, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (1, 3), 'num_seqs': (90, None), 'total_seq_len': (304, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 31), 'mean_seq_len': (4, 10), 'num_seqs': (45, None), 'total_seq_len': (430, 608)}, 'workloads': 2, 'speedup': (1.05, 1.1, 1.16), 'fallbacks': (), 'hand_back': True},
+    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (4, 10), 'num_seqs': (45, None), 'total_seq_len': (608, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': (), 'hand_back': True},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (22, 31), 'mean_seq_len': (4, 10), 'num_seqs': (45, None), 'total_seq_len': (608, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (31, None), 'mean_seq_len': (4, 10), 'num_seqs': (45, None), 'total_seq_len': (608, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (3, 4), 'num_seqs': (45, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.27, 1.3, 1.32), 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, None), 'mean_seq_len': (3, 4), 'num_seqs': (45, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 956), 'mean_seq_len': (10, None), 'num_seqs': (4, 10), 'total_seq_len': (1217, None)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1097), 'mean_seq_len': (10, None), 'num_seqs': (4, 10), 'total_seq_len': (1217, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1097, 2655), 'mean_seq_len': (10, None), 'num_seqs': (4, 10), 'total_seq_len': (2435, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2655, None), 'mean_seq_len': (10, None), 'num_seqs': (4, 10), 'total_seq_len': (2435, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (10, None), 'num_seqs': (None, 2), 'total_seq_len': (2899, 4871)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (10, None), 'num_seqs': (2, 4), 'total_seq_len': (2899, 4871)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2281, 4399), 'mean_seq_len': (10, None), 'num_seqs': (None, 4), 'total_seq_len': (4871, None)}, 'workloads': 1, 'speedup': (1.56, 1.56, 1.56), 'fallbacks': ()},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (10, None), 'num_seqs': (None, 4), 'total_seq_len': (4871, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (None, 36)}, 'workloads': 2, 'speedup': (2.51, 3.12, 3.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (3, 104), 'num_seqs': (4, None), 'total_seq_len': (None, 36)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (None, 4), 'total_seq_len': (None, 90)}, 'workloads': 3, 'speedup': (7.9, 9.5, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (21, 199), 'num_seqs': (None, 4), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (6.38, 6.38, 6.38), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (104, 157), 'num_seqs': (4, 22), 'total_seq_len': (None, 397)}, 'workloads': 1, 'speedup': (1.9, 1.9, 1.9), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (157, None), 'num_seqs': (4, None), 'total_seq_len': (None, 397)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (104, 157), 'num_seqs': (22, None), 'total_seq_len': (None, 397)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (199, 686), 'num_seqs': (None, 4), 'total_seq_len': (None, 724)}, 'workloads': 8, 'speedup': (2.67, 3.6, 5.09), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 11585)}, 'workloads': 5, 'speedup': (1.76, 2.37, 3.4), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, 4399), 'num_seqs': (2, 4)}, 'workloads': 5, 'speedup': (1.49, 1.81, 2.26), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'num_seqs': (2, 4)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (4, None), 'total_seq_len': (36, 78)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 104), 'num_seqs': (4, None), 'total_seq_len': (36, 78)}, 'workloads': 1, 'speedup': (4.16, 4.16, 4.16), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 104), 'num_seqs': (4, None), 'total_seq_len': (78, 397)}, 'workloads': 12, 'speedup': (1.58, 2.08, 3.85), 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (118, 199), 'num_seqs': (None, 4), 'total_seq_len': (90, 181)}, 'workloads': 1, 'speedup': (3.92, 3.92, 3.92), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 118), 'num_seqs': (None, 4), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (3.52, 4.83, 6.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (118, 199), 'num_seqs': (None, 4), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (4.38, 5.29, 7.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 53), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (397, 724)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (180, None), 'num_seqs': (14, None), 'total_seq_len': (397, 7643)}, 'workloads': 1, 'speedup': (2.5, 2.5, 2.5), 'fallbacks': ()},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (53, 189), 'num_seqs': (4, 14), 'total_seq_len': (397, None)}, 'workloads': 3, 'speedup': (1.33, 1.8, 2.62), 'fallbacks': ()},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (189, 476), 'num_seqs': (4, 14), 'total_seq_len': (397, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (476, 563), 'num_seqs': (4, 14), 'total_seq_len': (397, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (563, None), 'num_seqs': (4, 14), 'total_seq_len': (397, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 53), 'mean_seq_len': (None, 11), 'num_seqs': (4, None), 'total_seq_len': (397, None)}, 'workloads': 8, 'speedup': (1.43, 1.76, 2.39), 'fallbacks': ()},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (53, 313), 'mean_seq_len': (2, 8), 'num_seqs': (14, 181), 'total_seq_len': (397, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (313, None), 'mean_seq_len': (2, 8), 'num_seqs': (14, 181), 'total_seq_len': (397, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (None, 2), 'num_seqs': (14, None), 'total_seq_len': (397, None)}, 'workloads': 1, 'speedup': (1.74, 1.74, 1.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (8, 180), 'num_seqs': (14, None), 'total_seq_len': (397, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (53, 181), 'mean_seq_len': (2, 8), 'num_seqs': (181, None), 'total_seq_len': (397, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (2, 8), 'num_seqs': (181, None), 'total_seq_len': (397, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 53), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': (), 'hand_back': True},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (199, 686), 'num_seqs': (None, 4), 'total_seq_len': (724, None)}, 'workloads': 5, 'speedup': (2.11, 3.37, 4.64), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 53), 'mean_seq_len': (11, None), 'num_seqs': (4, 181), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.6, 1.6, 1.6), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 53), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (180, None), 'num_seqs': (14, None), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (686, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 304), 'num_seqs': (None, 2), 'total_seq_len': (None, 215)}, 'workloads': 2, 'speedup': (9.55, 10.42, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (13, 250), 'mean_seq_len': (None, 304), 'num_seqs': (None, 2), 'total_seq_len': (None, 215)}, 'workloads': 2, 'speedup': (3.92, 5.0, 6.38), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 304), 'num_seqs': (2, 8), 'total_seq_len': (None, 215)}, 'workloads': 1, 'speedup': (2.51, 2.51, 2.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 250), 'mean_seq_len': (None, 304), 'num_seqs': (2, 8), 'total_seq_len': (None, 215)}, 'workloads': 4, 'speedup': (4.83, 5.91, 7.9), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 85), 'mean_seq_len': (6, None), 'num_seqs': (8, None), 'total_seq_len': (None, 304)}, 'workloads': 4, 'speedup': (1.67, 2.18, 3.85), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (85, 178), 'mean_seq_len': (6, None), 'num_seqs': (8, None), 'total_seq_len': (None, 304)}, 'workloads': 1, 'speedup': (1.9, 1.9, 1.9), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 6), 'num_seqs': (8, 25), 'total_seq_len': (None, 430)}, 'workloads': 1, 'speedup': (3.88, 3.88, 3.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (3, 178), 'mean_seq_len': (None, 6), 'num_seqs': (8, 25), 'total_seq_len': (None, 430)}, 'workloads': 1, 'speedup': (4.16, 4.16, 4.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (178, 237), 'num_seqs': (8, None), 'total_seq_len': (None, 430)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (237, None), 'num_seqs': (8, None), 'total_seq_len': (None, 430)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 178), 'mean_seq_len': (None, 6), 'num_seqs': (25, None), 'total_seq_len': (None, 430)}, 'workloads': 8, 'speedup': (1.58, 2.04, 3.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (304, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 815)}, 'workloads': 2, 'speedup': (3.13, 3.38, 3.64), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (250, None), 'mean_seq_len': (152, 304), 'num_seqs': (None, 8), 'total_seq_len': (None, 1722)}, 'workloads': 4, 'speedup': (1.58, 2.69, 4.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (250, 401), 'mean_seq_len': (None, 107), 'num_seqs': (None, 8)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (401, None), 'mean_seq_len': (None, 107), 'num_seqs': (None, 8)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (250, 510), 'mean_seq_len': (107, 152), 'num_seqs': (None, 8)}, 'workloads': 2, 'speedup': (2.67, 2.99, 3.35), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (107, 152), 'num_seqs': (None, 8)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 76), 'mean_seq_len': (None, 304), 'num_seqs': (None, 8), 'total_seq_len': (215, 304)}, 'workloads': 1, 'speedup': (3.52, 3.52, 3.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (76, 201), 'mean_seq_len': (None, 304), 'num_seqs': (None, 8), 'total_seq_len': (215, None)}, 'workloads': 4, 'speedup': (2.62, 4.44, 7.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (201, 250), 'mean_seq_len': (None, 304), 'num_seqs': (None, 8), 'total_seq_len': (215, None)}, 'workloads': 3, 'speedup': (3.38, 4.27, 5.09), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (6, None), 'num_seqs': (8, None), 'total_seq_len': (304, 430)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (45, 178), 'mean_seq_len': (6, None), 'num_seqs': (8, None), 'total_seq_len': (304, 430)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 76), 'mean_seq_len': (None, 304), 'num_seqs': (None, 8), 'total_seq_len': (304, None)}, 'workloads': 1, 'speedup': (1.67, 1.67, 1.67), 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (85, None), 'num_seqs': (8, 22), 'total_seq_len': (430, 545)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (38, 85), 'mean_seq_len': (None, 9), 'num_seqs': (8, None), 'total_seq_len': (430, 861)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 38), 'mean_seq_len': (None, 18), 'num_seqs': (8, None), 'total_seq_len': (430, 861)}, 'workloads': 4, 'speedup': (1.43, 1.93, 2.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (38, 85), 'mean_seq_len': (9, None), 'num_seqs': (8, None), 'total_seq_len': (430, 861)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 38), 'mean_seq_len': (18, None), 'num_seqs': (8, None), 'total_seq_len': (430, 861)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (85, 181), 'num_seqs': (22, None), 'total_seq_len': (430, 861)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (181, None), 'num_seqs': (22, None), 'total_seq_len': (430, 861)}, 'workloads': 2, 'speedup': (1.36, 1.44, 1.53), 'fallbacks': ()},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (85, None), 'num_seqs': (8, 22), 'total_seq_len': (545, 861)}, 'workloads': 1, 'speedup': (1.33, 1.33, 1.33), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 617), 'mean_seq_len': (304, None), 'num_seqs': (None, 8), 'total_seq_len': (815, 2435)}, 'workloads': 3, 'speedup': (2.11, 3.36, 4.52), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (617, None), 'mean_seq_len': (304, None), 'num_seqs': (None, 8), 'total_seq_len': (815, 2435)}, 'workloads': 6, 'speedup': (1.49, 2.21, 3.4), 'fallbacks': ()},
+    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (8, 152), 'num_seqs': (8, None), 'total_seq_len': (861, 1217)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': (), 'hand_back': True},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (8, 152), 'num_seqs': (8, None), 'total_seq_len': (861, 1217)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (431, None), 'mean_seq_len': (152, None), 'num_seqs': (8, None), 'total_seq_len': (861, 4871)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 431), 'mean_seq_len': (152, None), 'num_seqs': (8, None), 'total_seq_len': (861, 19483)}, 'workloads': 1, 'speedup': (2.5, 2.5, 2.5), 'fallbacks': ()},
+    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (None, 8), 'num_seqs': (8, None), 'total_seq_len': (861, None)}, 'workloads': 4, 'speedup': (1.45, 1.6, 1.95), 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (56, None), 'mean_seq_len': (None, 8), 'num_seqs': (8, None), 'total_seq_len': (861, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 40, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (8, 152), 'num_seqs': (8, None), 'total_seq_len': (1217, 1743)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (8, 152), 'num_seqs': (8, None), 'total_seq_len': (1217, 1743)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (250, None), 'mean_seq_len': (152, 304), 'num_seqs': (None, 8), 'total_seq_len': (1722, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 43, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (8, 152), 'num_seqs': (181, None), 'total_seq_len': (1743, 3444)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (8, 152), 'num_seqs': (181, None), 'total_seq_len': (1743, 3444)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 45, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (8, 26), 'num_seqs': (8, 181), 'total_seq_len': (1743, None)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': (), 'hand_back': True},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (8, 26), 'num_seqs': (8, 181), 'total_seq_len': (1743, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (26, 152), 'num_seqs': (8, 181), 'total_seq_len': (1743, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (304, None), 'num_seqs': (None, 8), 'total_seq_len': (2435, 6888)}, 'workloads': 1, 'speedup': (1.92, 1.92, 1.92), 'fallbacks': ()},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 76), 'mean_seq_len': (8, 152), 'num_seqs': (181, None), 'total_seq_len': (3444, 6888)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (76, None), 'mean_seq_len': (8, 152), 'num_seqs': (181, None), 'total_seq_len': (3444, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (431, None), 'mean_seq_len': (152, None), 'num_seqs': (8, None), 'total_seq_len': (4871, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 6444), 'mean_seq_len': (304, None), 'num_seqs': (None, 4), 'total_seq_len': (6888, 12815)}, 'workloads': 2, 'speedup': (1.55, 1.7, 1.86), 'fallbacks': ()},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (6444, None), 'mean_seq_len': (304, None), 'num_seqs': (None, 4), 'total_seq_len': (6888, 12815)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2383), 'mean_seq_len': (304, None), 'num_seqs': (4, 8), 'total_seq_len': (6888, None)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': ()},
+    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2383, None), 'mean_seq_len': (304, None), 'num_seqs': (4, 8), 'total_seq_len': (6888, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 56, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 76), 'mean_seq_len': (8, 152), 'num_seqs': (181, None), 'total_seq_len': (6888, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (304, None), 'num_seqs': (None, 4), 'total_seq_len': (12815, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 58, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 431), 'mean_seq_len': (152, None), 'num_seqs': (8, None), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -322,246 +382,333 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 8.29x (7.43x .. 9.26x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and num_seqs <= 2 and mean_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 2 workloads, 4.73x (3.98x .. 5.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and num_seqs <= 8 and mean_seq_len > 5:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and 2 < num_seqs <= 8 and mean_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 2 workloads, 1.85x (1.76x .. 1.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and 8 < num_seqs <= 23 and max_seq_len <= 23:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 90 and 8 < num_seqs <= 23 and max_seq_len > 23:
-        return ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 2 workloads, 1.35x (1.32x .. 1.37x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 39:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len > 39:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 5404 and 23 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len <= 830:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 8 workloads, 1.39x (1.28x .. 1.51x) over vllm_flashinfer_prefill
-    if num_seqs > 23 and mean_seq_len <= 3 and max_seq_len <= 85:
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 11 and num_seqs <= 45 and 3 < mean_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 1 workloads, 5.63x (5.63x .. 5.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 37 and num_seqs <= 45 and 4 < mean_seq_len <= 10:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 107 and num_seqs <= 90 and mean_seq_len <= 3 and max_seq_len > 44:
+        return ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 4: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 304 and num_seqs > 90 and mean_seq_len <= 3 and 44 < max_seq_len <= 85:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 23 and mean_seq_len <= 3 and max_seq_len > 85:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 23 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 34 and mean_seq_len > 4:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if 63 < total_seq_len <= 2896 and 4 < num_seqs <= 8 and 1097 < max_seq_len <= 1667:
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 430 and num_seqs > 45 and 4 < mean_seq_len <= 10 and max_seq_len <= 31:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 63 < total_seq_len <= 2896 and 4 < num_seqs <= 8 and max_seq_len > 1667:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 63 and num_seqs <= 2 and 1723 < mean_seq_len <= 2896:
+    # region 7: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 608 and num_seqs > 45 and 4 < mean_seq_len <= 10 and max_seq_len > 31:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 2896:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 17: 28 workloads, 2.47x (1.13x .. 4.92x) over vllm_flashinfer_prefill
-    if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 2 workloads, 1.67x (1.56x .. 1.79x) over vllm_flashinfer_prefill
-    if total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 20: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 6 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-    if total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len <= 896:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and 4 < num_seqs <= 8 and 896 < max_seq_len <= 900:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 63 and 4 < num_seqs <= 8 and 900 < max_seq_len <= 956:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 24: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1097:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 9 workloads, 1.10x (1.08x .. 1.12x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 1448 and 8 < num_seqs <= 23 and max_seq_len <= 156:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 26: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 5792 and 8 < num_seqs <= 23 and 518 < max_seq_len <= 1667:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 27: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 90 < total_seq_len <= 5792 and 8 < num_seqs <= 23 and max_seq_len > 1667:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and 8 < num_seqs <= 23 and 156 < max_seq_len <= 425:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 29: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 90 and 8 < num_seqs <= 23 and 425 < max_seq_len <= 518:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 2 workloads, 1.30x (1.28x .. 1.33x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 53:
+    # region 8: 2 workloads, 1.37x (1.35x .. 1.39x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 45 and 3 < mean_seq_len <= 4 and max_seq_len <= 23:
         return 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 724 and num_seqs > 45 and 3 < mean_seq_len <= 4 and max_seq_len > 23:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 5 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1217 and 4 < num_seqs <= 10 and mean_seq_len > 10 and max_seq_len <= 896:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 11: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1217 and 4 < num_seqs <= 10 and mean_seq_len > 10 and 896 < max_seq_len <= 1097:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 2435 and 4 < num_seqs <= 10 and mean_seq_len > 10 and 1097 < max_seq_len <= 1667:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 13: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 2435 and 4 < num_seqs <= 10 and mean_seq_len > 10 and max_seq_len > 1667:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 2899 and num_seqs <= 4 and mean_seq_len > 10 and max_seq_len > 2281:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 4 and 10 < mean_seq_len <= 13 and max_seq_len <= 26:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 4 and 10 < mean_seq_len <= 13 and 26 < max_seq_len <= 2281:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 17: 30 workloads, 2.48x (1.13x .. 4.92x) over vllm_flashinfer_prefill
+    if num_seqs <= 4 and mean_seq_len > 13 and max_seq_len <= 2281:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 18: 12 workloads, 1.99x (1.28x .. 8.51x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 3 and max_seq_len <= 44:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 19: 10 workloads, 1.08x (1.04x .. 1.12x) over vllm_flashinfer_prefill
+    if 10 < num_seqs <= 34 and 10 < mean_seq_len <= 107 and max_seq_len <= 1097:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 20: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 10 < num_seqs <= 34 and mean_seq_len > 10 and max_seq_len > 1097:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 21: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 10 < num_seqs <= 34 and mean_seq_len > 107 and max_seq_len <= 1097:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 22: 16 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 34 and mean_seq_len > 10:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if 11 < total_seq_len <= 37 and num_seqs <= 45 and 3 < mean_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 37 and num_seqs <= 45 and 3 < mean_seq_len <= 4 and max_seq_len <= 23:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 37 and num_seqs <= 45 and 3 < mean_seq_len <= 4 and max_seq_len > 23:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 26: 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill
+    if total_seq_len > 37 and num_seqs <= 45 and 4 < mean_seq_len <= 10 and max_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 27: 2 workloads, 1.10x (1.09x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len > 37 and num_seqs <= 45 and 4 < mean_seq_len <= 10 and max_seq_len > 9:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 28: 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
+    if 107 < total_seq_len <= 152 and num_seqs <= 90 and mean_seq_len <= 3 and max_seq_len > 44:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 152 and num_seqs <= 90 and mean_seq_len <= 3 and max_seq_len > 44:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 304 and num_seqs > 90 and mean_seq_len <= 1 and max_seq_len > 44:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len > 53:
+    if total_seq_len > 304 and num_seqs > 90 and 1 < mean_seq_len <= 3 and max_seq_len > 44:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 2 workloads, 1.10x (1.05x .. 1.16x) over vllm_flashinfer_prefill's guarded call
+    if 430 < total_seq_len <= 608 and num_seqs > 45 and 4 < mean_seq_len <= 10 and max_seq_len <= 31:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 33: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 608 and num_seqs > 45 and 4 < mean_seq_len <= 10 and max_seq_len <= 22:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 35: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 608 and num_seqs > 45 and 4 < mean_seq_len <= 10 and max_seq_len > 31:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 2 workloads, 1.30x (1.27x .. 1.32x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs > 45 and 3 < mean_seq_len <= 4 and max_seq_len <= 29:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs > 45 and 3 < mean_seq_len <= 4 and max_seq_len > 29:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 8 < num_seqs <= 23 and max_seq_len <= 156:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and 4 < num_seqs <= 8 and 1097 < max_seq_len <= 2655:
+    # region 38: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 1217 and 4 < num_seqs <= 10 and mean_seq_len > 10 and max_seq_len <= 956:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 34: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 4 < num_seqs <= 8 and max_seq_len > 2655:
+    # region 39: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1217 and 4 < num_seqs <= 10 and mean_seq_len > 10 and 956 < max_seq_len <= 1097:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2435 and 4 < num_seqs <= 10 and mean_seq_len > 10 and 1097 < max_seq_len <= 2655:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 41: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2435 and 4 < num_seqs <= 10 and mean_seq_len > 10 and max_seq_len > 2655:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5404 and 23 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len <= 830:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 5792 and 8 < num_seqs <= 23 and 518 < max_seq_len <= 1253:
+    # region 42: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 2899 < total_seq_len <= 4871 and num_seqs <= 2 and mean_seq_len > 10 and max_seq_len > 2281:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
+    if 2899 < total_seq_len <= 4871 and 2 < num_seqs <= 4 and mean_seq_len > 10 and max_seq_len > 2281:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 8 < num_seqs <= 23 and max_seq_len > 1253:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 44: 1 workloads, 1.56x (1.56x .. 1.56x) over vllm_flashinfer_prefill
+    if total_seq_len > 4871 and num_seqs <= 4 and mean_seq_len > 10 and 2281 < max_seq_len <= 4399:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 45: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4871 and num_seqs <= 4 and mean_seq_len > 10 and max_seq_len > 4399:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 3.12x (2.51x .. 3.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 36 and num_seqs > 4 and max_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 36 and num_seqs > 4 and 3 < max_seq_len <= 104:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 3 workloads, 9.50x (7.90x .. 11.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 4 and max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 1 workloads, 6.38x (6.38x .. 6.38x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 4 and 21 < max_seq_len <= 199:
+    # region 1: 2 workloads, 10.42x (9.55x .. 11.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 215 and num_seqs <= 2 and mean_seq_len <= 304 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 2 workloads, 5.00x (3.92x .. 6.38x) over vllm_flashinfer_prefill
+    if total_seq_len <= 215 and num_seqs <= 2 and mean_seq_len <= 304 and 13 < max_seq_len <= 250:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 1 workloads, 1.90x (1.90x .. 1.90x) over vllm_flashinfer_prefill
-    if total_seq_len <= 397 and 4 < num_seqs <= 22 and 104 < max_seq_len <= 157:
+    # region 3: 1 workloads, 2.51x (2.51x .. 2.51x) over vllm_flashinfer_prefill
+    if total_seq_len <= 215 and 2 < num_seqs <= 8 and mean_seq_len <= 304 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 4 workloads, 5.91x (4.83x .. 7.90x) over vllm_flashinfer_prefill
+    if total_seq_len <= 215 and 2 < num_seqs <= 8 and mean_seq_len <= 304 and 2 < max_seq_len <= 250:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 4 workloads, 2.18x (1.67x .. 3.85x) over vllm_flashinfer_prefill
+    if total_seq_len <= 304 and num_seqs > 8 and mean_seq_len > 6 and max_seq_len <= 85:
+        return ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 1 workloads, 1.90x (1.90x .. 1.90x) over vllm_flashinfer_prefill
+    if total_seq_len <= 304 and num_seqs > 8 and mean_seq_len > 6 and 85 < max_seq_len <= 178:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 397 and num_seqs > 4 and max_seq_len > 157:
+    # region 7: 1 workloads, 3.88x (3.88x .. 3.88x) over vllm_flashinfer_prefill
+    if total_seq_len <= 430 and 8 < num_seqs <= 25 and mean_seq_len <= 6 and max_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 1 workloads, 4.16x (4.16x .. 4.16x) over vllm_flashinfer_prefill
+    if total_seq_len <= 430 and 8 < num_seqs <= 25 and mean_seq_len <= 6 and 3 < max_seq_len <= 178:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 430 and num_seqs > 8 and 178 < max_seq_len <= 237:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 397 and num_seqs > 22 and 104 < max_seq_len <= 157:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 8: 8 workloads, 3.60x (2.67x .. 5.09x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs <= 4 and 199 < max_seq_len <= 686:
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 430 and num_seqs > 8 and max_seq_len > 237:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 11: 8 workloads, 2.04x (1.58x .. 3.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 430 and num_seqs > 25 and mean_seq_len <= 6 and max_seq_len <= 178:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 12: 2 workloads, 3.38x (3.13x .. 3.64x) over vllm_flashinfer_prefill
+    if total_seq_len <= 815 and num_seqs <= 8 and mean_seq_len > 304:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 13: 4 workloads, 2.69x (1.58x .. 4.25x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1722 and num_seqs <= 8 and 152 < mean_seq_len <= 304 and max_seq_len > 250:
+        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 14: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and mean_seq_len <= 107 and 250 < max_seq_len <= 401:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 8 and mean_seq_len <= 107 and max_seq_len > 401:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 16: 2 workloads, 2.99x (2.67x .. 3.35x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and 107 < mean_seq_len <= 152 and 250 < max_seq_len <= 510:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 5 workloads, 2.37x (1.76x .. 3.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 686:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 5 workloads, 1.81x (1.49x .. 2.26x) over vllm_flashinfer_prefill
-    if 2 < num_seqs <= 4 and 686 < max_seq_len <= 4399:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 2 < num_seqs <= 4 and max_seq_len > 4399:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if 36 < total_seq_len <= 78 and num_seqs > 4 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 13: 1 workloads, 4.16x (4.16x .. 4.16x) over vllm_flashinfer_prefill
-    if 36 < total_seq_len <= 78 and num_seqs > 4 and 5 < max_seq_len <= 104:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 14: 12 workloads, 2.08x (1.58x .. 3.85x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 397 and num_seqs > 4 and max_seq_len <= 104:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 15: 1 workloads, 3.92x (3.92x .. 3.92x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 181 and num_seqs <= 4 and 118 < max_seq_len <= 199:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 16: 4 workloads, 4.83x (3.52x .. 6.32x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and num_seqs <= 4 and max_seq_len <= 118:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 17: 3 workloads, 5.29x (4.38x .. 7.73x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 4 and 118 < max_seq_len <= 199:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 18: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
-    if 397 < total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 53:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 19: 1 workloads, 2.50x (2.50x .. 2.50x) over vllm_flashinfer_prefill
-    if 397 < total_seq_len <= 7643 and num_seqs > 14 and mean_seq_len > 180 and max_seq_len > 53:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 20: 3 workloads, 1.80x (1.33x .. 2.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 397 and 4 < num_seqs <= 14 and 53 < max_seq_len <= 189:
-        return 'triton_prefill_fused.c16v64'
-    # region 21: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 397 and 4 < num_seqs <= 14 and 189 < max_seq_len <= 476:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 397 and 4 < num_seqs <= 14 and 476 < max_seq_len <= 563:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 23: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 397 and 4 < num_seqs <= 14 and max_seq_len > 563:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 8 workloads, 1.76x (1.43x .. 2.39x) over vllm_flashinfer_prefill
-    if total_seq_len > 397 and num_seqs > 4 and mean_seq_len <= 11 and max_seq_len <= 53:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 397 and 14 < num_seqs <= 181 and 2 < mean_seq_len <= 8 and 53 < max_seq_len <= 313:
-        return 'triton_prefill_fused.c16v64'
-    # region 26: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 397 and 14 < num_seqs <= 181 and 2 < mean_seq_len <= 8 and max_seq_len > 313:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 1 workloads, 1.74x (1.74x .. 1.74x) over vllm_flashinfer_prefill
-    if total_seq_len > 397 and num_seqs > 14 and mean_seq_len <= 2 and max_seq_len > 53:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 28: 21 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 397 and num_seqs > 14 and 8 < mean_seq_len <= 180 and max_seq_len > 53:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 397 and num_seqs > 181 and 2 < mean_seq_len <= 8 and 53 < max_seq_len <= 181:
-        return 'triton_prefill_fused.c16v64'
-    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 397 and num_seqs > 181 and 2 < mean_seq_len <= 8 and max_seq_len > 181:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call
-    if 724 < total_seq_len <= 1448 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 53:
-        return 'triton_prefill_fused.c16v64'
-    # region 32: 5 workloads, 3.37x (2.11x .. 4.64x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs <= 4 and 199 < max_seq_len <= 686:
+    # region 17: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 8 and 107 < mean_seq_len <= 152 and max_seq_len > 510:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 1 workloads, 3.52x (3.52x .. 3.52x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 304 and num_seqs <= 8 and mean_seq_len <= 304 and max_seq_len <= 76:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 19: 4 workloads, 4.44x (2.62x .. 7.73x) over vllm_flashinfer_prefill
+    if total_seq_len > 215 and num_seqs <= 8 and mean_seq_len <= 304 and 76 < max_seq_len <= 201:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 33: 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and 4 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 53:
+    # region 20: 3 workloads, 4.27x (3.38x .. 5.09x) over vllm_flashinfer_prefill
+    if total_seq_len > 215 and num_seqs <= 8 and mean_seq_len <= 304 and 201 < max_seq_len <= 250:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if 304 < total_seq_len <= 430 and num_seqs > 8 and mean_seq_len > 6 and max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if 304 < total_seq_len <= 430 and num_seqs > 8 and mean_seq_len > 6 and 45 < max_seq_len <= 178:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 23: 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
+    if total_seq_len > 304 and num_seqs <= 8 and mean_seq_len <= 304 and max_seq_len <= 76:
+        return 'triton_prefill_fused.c16v64'
+    # region 24: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 430 < total_seq_len <= 545 and 8 < num_seqs <= 22 and max_seq_len > 85:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if 430 < total_seq_len <= 861 and num_seqs > 8 and mean_seq_len <= 9 and 38 < max_seq_len <= 85:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 26: 4 workloads, 1.93x (1.43x .. 2.39x) over vllm_flashinfer_prefill
+    if 430 < total_seq_len <= 861 and num_seqs > 8 and mean_seq_len <= 18 and max_seq_len <= 38:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if 430 < total_seq_len <= 861 and num_seqs > 8 and mean_seq_len > 9 and 38 < max_seq_len <= 85:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 28: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
+    if 430 < total_seq_len <= 861 and num_seqs > 8 and mean_seq_len > 18 and max_seq_len <= 38:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if 430 < total_seq_len <= 861 and num_seqs > 22 and 85 < max_seq_len <= 181:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 34: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 53:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7643 and num_seqs > 14 and mean_seq_len > 180 and max_seq_len > 53:
+    # region 30: 2 workloads, 1.44x (1.36x .. 1.53x) over vllm_flashinfer_prefill
+    if 430 < total_seq_len <= 861 and num_seqs > 22 and max_seq_len > 181:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 31: 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
+    if 545 < total_seq_len <= 861 and 8 < num_seqs <= 22 and max_seq_len > 85:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 32: 3 workloads, 3.36x (2.11x .. 4.52x) over vllm_flashinfer_prefill
+    if 815 < total_seq_len <= 2435 and num_seqs <= 8 and mean_seq_len > 304 and max_seq_len <= 617:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 33: 6 workloads, 2.21x (1.49x .. 3.40x) over vllm_flashinfer_prefill
+    if 815 < total_seq_len <= 2435 and num_seqs <= 8 and mean_seq_len > 304 and max_seq_len > 617:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 34: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call
+    if 861 < total_seq_len <= 1217 and num_seqs > 8 and 8 < mean_seq_len <= 152 and max_seq_len <= 43:
+        return 'triton_prefill_fused.c16v64'
+    # region 35: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if 861 < total_seq_len <= 1217 and num_seqs > 8 and 8 < mean_seq_len <= 152 and max_seq_len > 43:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    if 861 < total_seq_len <= 4871 and num_seqs > 8 and mean_seq_len > 152 and max_seq_len > 431:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 37: 1 workloads, 2.50x (2.50x .. 2.50x) over vllm_flashinfer_prefill
+    if 861 < total_seq_len <= 19483 and num_seqs > 8 and mean_seq_len > 152 and max_seq_len <= 431:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 38: 4 workloads, 1.60x (1.45x .. 1.95x) over vllm_flashinfer_prefill
+    if total_seq_len > 861 and num_seqs > 8 and mean_seq_len <= 8 and max_seq_len <= 56:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 39: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 861 and num_seqs > 8 and mean_seq_len <= 8 and max_seq_len > 56:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 0 workloads, by estimated times (no measured workload in it)
+    if 1217 < total_seq_len <= 1743 and num_seqs > 8 and 8 < mean_seq_len <= 152 and max_seq_len <= 362:
+        return 'triton_prefill_fused.c16v64'
+    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 1217 < total_seq_len <= 1743 and num_seqs > 8 and 8 < mean_seq_len <= 152 and max_seq_len > 362:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 42: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1722 and num_seqs <= 8 and 152 < mean_seq_len <= 304 and max_seq_len > 250:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
+    if 1743 < total_seq_len <= 3444 and num_seqs > 181 and 8 < mean_seq_len <= 152 and max_seq_len <= 181:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 44: 0 workloads, by estimated times (no measured workload in it)
+    if 1743 < total_seq_len <= 3444 and num_seqs > 181 and 8 < mean_seq_len <= 152 and max_seq_len > 181:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 45: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1743 and 8 < num_seqs <= 181 and 8 < mean_seq_len <= 26 and max_seq_len <= 181:
+        return 'triton_prefill_fused.c16v64'
+    # region 47: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1743 and 8 < num_seqs <= 181 and 26 < mean_seq_len <= 152:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 48: 1 workloads, 1.92x (1.92x .. 1.92x) over vllm_flashinfer_prefill
+    if 2435 < total_seq_len <= 6888 and num_seqs <= 8 and mean_seq_len > 304:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 49: 0 workloads, by estimated times (no measured workload in it)
+    if 3444 < total_seq_len <= 6888 and num_seqs > 181 and 8 < mean_seq_len <= 152 and max_seq_len <= 76:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 50: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3444 and num_seqs > 181 and 8 < mean_seq_len <= 152 and max_seq_len > 76:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 51: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4871 and num_seqs > 8 and mean_seq_len > 152 and max_seq_len > 431:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 686:
+    # region 52: 2 workloads, 1.70x (1.55x .. 1.86x) over vllm_flashinfer_prefill
+    if 6888 < total_seq_len <= 12815 and num_seqs <= 4 and mean_seq_len > 304 and max_seq_len <= 6444:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 53: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 6888 < total_seq_len <= 12815 and num_seqs <= 4 and mean_seq_len > 304 and max_seq_len > 6444:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 54: 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill
+    if total_seq_len > 6888 and 4 < num_seqs <= 8 and mean_seq_len > 304 and max_seq_len <= 2383:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 55: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6888 and 4 < num_seqs <= 8 and mean_seq_len > 304 and max_seq_len > 2383:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 56: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6888 and num_seqs > 181 and 8 < mean_seq_len <= 152 and max_seq_len <= 76:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 57: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 12815 and num_seqs <= 4 and mean_seq_len > 304:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 39:  # region 6
+    if 430 < total_seq_len <= 608 and num_seqs > 45 and 4 < mean_seq_len <= 10 and max_seq_len <= 31:  # region 32
         return True
-    if total_seq_len > 724 and num_seqs > 34 and 3 < mean_seq_len <= 4 and max_seq_len <= 53:  # region 30
+    if total_seq_len > 608 and num_seqs > 45 and 4 < mean_seq_len <= 10 and max_seq_len <= 22:  # region 33
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len > 397 and 14 < num_seqs <= 181 and 2 < mean_seq_len <= 8 and 53 < max_seq_len <= 313:  # region 25
+    if 861 < total_seq_len <= 1217 and num_seqs > 8 and 8 < mean_seq_len <= 152 and max_seq_len <= 43:  # region 34
         return True
-    if total_seq_len > 397 and num_seqs > 181 and 2 < mean_seq_len <= 8 and 53 < max_seq_len <= 181:  # region 29
+    if 1217 < total_seq_len <= 1743 and num_seqs > 8 and 8 < mean_seq_len <= 152 and max_seq_len <= 362:  # region 40
         return True
-    if 724 < total_seq_len <= 1448 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 53:  # region 31
+    if 1743 < total_seq_len <= 3444 and num_seqs > 181 and 8 < mean_seq_len <= 152 and max_seq_len <= 181:  # region 43
+        return True
+    if 1743 < total_seq_len <= 3444 and num_seqs > 181 and 8 < mean_seq_len <= 152 and max_seq_len > 181:  # region 44
+        return True
+    if total_seq_len > 1743 and 8 < num_seqs <= 181 and 8 < mean_seq_len <= 26 and max_seq_len <= 181:  # region 45
+        return True
+    if 3444 < total_seq_len <= 6888 and num_seqs > 181 and 8 < mean_seq_len <= 152 and max_seq_len <= 76:  # region 49
         return True
     return False
