@@ -18,7 +18,7 @@ mixes (the definition spec's prefill_mix: "skewed", one long sequence among shor
 "skewed@I" puts the long sequence at index I (-1: last), to see what its place in the batch costs.
 
 `--unoffered` times a variant also where its `supports` declines the shape (whether to offer it there:
-CP beyond CP_MAX_PAIRS, say). `--kernels` adds, under each shape's row, every variant's kernels and their device time per call
+CP under CP_MIN_TOKENS, say). `--kernels` adds, under each shape's row, every variant's kernels and their device time per call
 (torch.profiler over eager calls, benchmarks/hosttime.py): where a variant's time goes, launch by launch.
 
 A variant a definition does not register (another definition's baseline) is skipped there ("-").
