@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-02T15:48:46Z
+# measured    up to 2026-12-03T15:07:11Z
 # workloads   156 (workload-set digest cb40fe76b93c6450)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -15,8 +15,8 @@
 #   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  85/150  0.76x  [65 screened out]
 #   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  83/150  0.75x  [67 screened out]
 #   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  83/150  0.70x  [67 screened out]
-#   cuda_prefill_staged.r32s4       c8ecfe249509d4b6  156/156  1.15x
-#   cuda_prefill_staged.r64s4       a4daa1bd24a6d1bb  156/156  1.22x
+#   cuda_prefill_staged.r32s4       eedc6b05bc679849  156/156  1.15x
+#   cuda_prefill_staged.r64s4       7341a0938140ddfb  156/156  1.22x
 #   flashinfer_direct               755eb6578bd0a1f3  156/156  1.12x
 #   triton_prefill_chunked.v64      91b329a0e287a87d  83/156  0.57x  [73 screened out]
 #   triton_prefill_fused.c16v32     6adb950fad8337e7  121/156  0.67x  [35 screened out]
@@ -42,62 +42,58 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.41% mean, 54.94% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.41% mean, 55.36% max;
 #             1.196x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.05% mean, 86.68% max;
-#             2.110x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.82% mean, 70.82% max;
+#             2.027x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 23 and num_seqs > 3 and mean_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.53x (1.12x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   2. total_seq_len <= 44 and num_seqs <= 3 and mean_seq_len <= 619: triton_prefill_fused.c16v32, 4 workloads, 5.54x (4.82x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64
-#   3. total_seq_len <= 64 and num_seqs > 3 and mean_seq_len > 6: cuda_prefill_staged.r32s4, 6 workloads, 1.15x (1.11x .. 1.19x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   2. total_seq_len <= 45 and num_seqs <= 3 and mean_seq_len <= 619: triton_prefill_fused.c16v32, 4 workloads, 5.54x (4.82x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64
+#   3. total_seq_len <= 181 and num_seqs > 3 and mean_seq_len > 6: cuda_prefill_staged.r64s4, 16 workloads, 1.20x (1.04x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
 #   4. total_seq_len <= 2834 and num_seqs <= 3 and mean_seq_len > 619: cuda_prefill_staged.r32s4, 5 workloads, 1.34x (1.11x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   5. 23 < total_seq_len <= 212 and num_seqs > 3 and mean_seq_len <= 6: cuda_prefill_staged.r64s4, 11 workloads, 1.42x (1.29x .. 1.57x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   6. 44 < total_seq_len <= 181 and num_seqs <= 3 and mean_seq_len <= 619: cuda_prefill_staged.r32s4, 3 workloads, 3.65x (3.41x .. 3.84x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
-#   7. 64 < total_seq_len <= 181 and num_seqs > 3 and mean_seq_len > 6: cuda_prefill_staged.r64s4, 10 workloads, 1.24x (1.04x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   8. total_seq_len > 181 and num_seqs <= 1 and mean_seq_len <= 619: cuda_prefill_staged.r32s4, 2 workloads, 2.53x (2.25x .. 2.85x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   9. total_seq_len > 181 and 1 < num_seqs <= 3 and mean_seq_len <= 619: cuda_prefill_staged.r64s4, 7 workloads, 2.32x (1.04x .. 3.39x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, flashinfer_direct
-#   10. 212 < total_seq_len <= 559 and num_seqs > 3 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 21 workloads, 1.39x (1.12x .. 1.59x) over vllm_flashinfer_prefill
-#   11. 212 < total_seq_len <= 559 and num_seqs > 3 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   12. total_seq_len > 559 and num_seqs > 3 and mean_seq_len <= 29: cuda_prefill_staged.r64s4, 12 workloads, 1.44x (1.13x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   13. total_seq_len > 559 and num_seqs > 3 and mean_seq_len > 29: vllm_flashinfer_prefill (baseline), 53 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   14. total_seq_len > 2834 and num_seqs <= 3 and mean_seq_len > 619: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   5. 23 < total_seq_len <= 212 and num_seqs > 3 and mean_seq_len <= 6: cuda_prefill_staged.r64s4, 11 workloads, 1.43x (1.28x .. 1.57x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   6. 45 < total_seq_len <= 181 and num_seqs <= 3 and mean_seq_len <= 619: cuda_prefill_staged.r32s4, 3 workloads, 3.65x (3.41x .. 3.84x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   7. total_seq_len > 181 and num_seqs <= 1 and mean_seq_len <= 619: cuda_prefill_staged.r32s4, 2 workloads, 2.53x (2.25x .. 2.85x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   8. total_seq_len > 181 and 1 < num_seqs <= 3 and mean_seq_len <= 619: cuda_prefill_staged.r64s4, 7 workloads, 2.32x (1.04x .. 3.38x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r32s4
+#   9. 212 < total_seq_len <= 559 and num_seqs > 3 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 21 workloads, 1.39x (1.12x .. 1.59x) over vllm_flashinfer_prefill
+#   10. 212 < total_seq_len <= 559 and num_seqs > 3 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   11. total_seq_len > 559 and num_seqs > 3 and mean_seq_len <= 29: cuda_prefill_staged.r64s4, 12 workloads, 1.44x (1.12x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   12. total_seq_len > 559 and num_seqs > 3 and mean_seq_len > 29: vllm_flashinfer_prefill (baseline), 53 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   13. total_seq_len > 2834 and num_seqs <= 3 and mean_seq_len > 619: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 104 and mean_seq_len > 6: cuda_prefill_pool_rows.k8c8, 12 workloads, 5.24x (2.68x .. 12.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 212 and mean_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 18 workloads, 3.33x (2.18x .. 9.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64
-#   3. 104 < total_seq_len <= 3821 and mean_seq_len > 6: cuda_prefill_staged.r64s4, 88 workloads, 2.78x (1.00x .. 9.08x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   4. 212 < total_seq_len <= 3821 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.27x (2.00x .. 2.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. 212 < total_seq_len <= 3821 and 3 < mean_seq_len <= 6: cuda_prefill_staged.r64s4, 6 workloads, 2.05x (1.66x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. 3821 < total_seq_len <= 7968: cuda_prefill_staged.r32s4, 3 workloads, 1.71x (1.48x .. 1.96x) over vllm_flashinfer_prefill
-#   7. total_seq_len > 7968 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len > 7968 and num_seqs > 2: flashinfer_direct, 22 workloads, 1.36x (1.12x .. 1.62x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 106 and mean_seq_len > 7: cuda_prefill_pool_rows.k8c8, 12 workloads, 5.24x (2.68x .. 12.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 669 and mean_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 25 workloads, 2.96x (1.74x .. 9.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64
+#   3. 106 < total_seq_len <= 143 and mean_seq_len > 7: triton_prefill_fused.c16v64, 10 workloads, 2.36x (1.42x .. 4.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. 143 < total_seq_len <= 3821 and mean_seq_len > 7: cuda_prefill_staged.r64s4, 77 workloads, 2.45x (1.12x .. 5.77x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   5. 669 < total_seq_len <= 3821 and mean_seq_len <= 7: cuda_prefill_staged.r64s4, 4 workloads, 1.84x (1.71x .. 2.05x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len > 3821 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len > 3821 and num_seqs > 2: flashinfer_direct, 24 workloads, 1.38x (1.12x .. 1.62x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (3, None), 'total_seq_len': (None, 23)}, 'workloads': 6, 'speedup': (1.12, 1.53, 1.78), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (None, 3), 'total_seq_len': (None, 44)}, 'workloads': 4, 'speedup': (4.82, 5.54, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (3, None), 'total_seq_len': (None, 64)}, 'workloads': 6, 'speedup': (1.11, 1.15, 1.19), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (None, 3), 'total_seq_len': (None, 45)}, 'workloads': 4, 'speedup': (4.82, 5.54, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (3, None), 'total_seq_len': (None, 181)}, 'workloads': 16, 'speedup': (1.04, 1.2, 1.41), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
     {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (619, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 2834)}, 'workloads': 5, 'speedup': (1.11, 1.34, 1.73), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (3, None), 'total_seq_len': (23, 212)}, 'workloads': 11, 'speedup': (1.29, 1.42, 1.57), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (None, 3), 'total_seq_len': (44, 181)}, 'workloads': 3, 'speedup': (3.41, 3.65, 3.84), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (3, None), 'total_seq_len': (64, 181)}, 'workloads': 10, 'speedup': (1.04, 1.24, 1.41), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (None, 1), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (2.25, 2.53, 2.85), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (1, 3), 'total_seq_len': (181, None)}, 'workloads': 7, 'speedup': (1.04, 2.32, 3.39), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (3, None), 'total_seq_len': (212, 559)}, 'workloads': 21, 'speedup': (1.12, 1.39, 1.59), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (3, None), 'total_seq_len': (212, 559)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 29), 'num_seqs': (3, None), 'total_seq_len': (559, None)}, 'workloads': 12, 'speedup': (1.13, 1.44, 1.56), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (29, None), 'num_seqs': (3, None), 'total_seq_len': (559, None)}, 'workloads': 53, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (619, None), 'num_seqs': (None, 3), 'total_seq_len': (2834, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (3, None), 'total_seq_len': (23, 212)}, 'workloads': 11, 'speedup': (1.28, 1.43, 1.57), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (None, 3), 'total_seq_len': (45, 181)}, 'workloads': 3, 'speedup': (3.41, 3.65, 3.84), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (None, 1), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (2.25, 2.53, 2.85), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (1, 3), 'total_seq_len': (181, None)}, 'workloads': 7, 'speedup': (1.04, 2.32, 3.38), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r32s4')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (3, None), 'total_seq_len': (212, 559)}, 'workloads': 21, 'speedup': (1.12, 1.39, 1.59), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (3, None), 'total_seq_len': (212, 559)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 29), 'num_seqs': (3, None), 'total_seq_len': (559, None)}, 'workloads': 12, 'speedup': (1.12, 1.44, 1.56), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (29, None), 'num_seqs': (3, None), 'total_seq_len': (559, None)}, 'workloads': 53, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (619, None), 'num_seqs': (None, 3), 'total_seq_len': (2834, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (6, None), 'total_seq_len': (None, 104)}, 'workloads': 12, 'speedup': (2.68, 5.24, 12.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (None, 212)}, 'workloads': 18, 'speedup': (2.18, 3.33, 9.79), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (6, None), 'total_seq_len': (104, 3821)}, 'workloads': 88, 'speedup': (1.0, 2.78, 9.08), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (212, 3821)}, 'workloads': 4, 'speedup': (2.0, 2.27, 2.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, 6), 'total_seq_len': (212, 3821)}, 'workloads': 6, 'speedup': (1.66, 2.05, 2.64), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'total_seq_len': (3821, 7968)}, 'workloads': 3, 'speedup': (1.48, 1.71, 1.96), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (7968, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (2, None), 'total_seq_len': (7968, None)}, 'workloads': 22, 'speedup': (1.12, 1.36, 1.62), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (7, None), 'total_seq_len': (None, 106)}, 'workloads': 12, 'speedup': (2.68, 5.24, 12.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 7), 'total_seq_len': (None, 669)}, 'workloads': 25, 'speedup': (1.74, 2.96, 9.79), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (7, None), 'total_seq_len': (106, 143)}, 'workloads': 10, 'speedup': (1.42, 2.36, 4.16), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (7, None), 'total_seq_len': (143, 3821)}, 'workloads': 77, 'speedup': (1.12, 2.45, 5.77), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 7), 'total_seq_len': (669, 3821)}, 'workloads': 4, 'speedup': (1.71, 1.84, 2.05), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (3821, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (2, None), 'total_seq_len': (3821, None)}, 'workloads': 24, 'speedup': (1.12, 1.38, 1.62), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -110,42 +106,39 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len <= 23 and num_seqs > 3 and mean_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 2: 4 workloads, 5.54x (4.82x .. 6.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 44 and num_seqs <= 3 and mean_seq_len <= 619:
+    if total_seq_len <= 45 and num_seqs <= 3 and mean_seq_len <= 619:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 6 workloads, 1.15x (1.11x .. 1.19x) over vllm_flashinfer_prefill
-    if total_seq_len <= 64 and num_seqs > 3 and mean_seq_len > 6:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 3: 16 workloads, 1.20x (1.04x .. 1.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 3 and mean_seq_len > 6:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
     # region 4: 5 workloads, 1.34x (1.11x .. 1.73x) over vllm_flashinfer_prefill
     if total_seq_len <= 2834 and num_seqs <= 3 and mean_seq_len > 619:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 5: 11 workloads, 1.42x (1.29x .. 1.57x) over vllm_flashinfer_prefill
+    # region 5: 11 workloads, 1.43x (1.28x .. 1.57x) over vllm_flashinfer_prefill
     if 23 < total_seq_len <= 212 and num_seqs > 3 and mean_seq_len <= 6:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
     # region 6: 3 workloads, 3.65x (3.41x .. 3.84x) over vllm_flashinfer_prefill
-    if 44 < total_seq_len <= 181 and num_seqs <= 3 and mean_seq_len <= 619:
+    if 45 < total_seq_len <= 181 and num_seqs <= 3 and mean_seq_len <= 619:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 7: 10 workloads, 1.24x (1.04x .. 1.41x) over vllm_flashinfer_prefill
-    if 64 < total_seq_len <= 181 and num_seqs > 3 and mean_seq_len > 6:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 2 workloads, 2.53x (2.25x .. 2.85x) over vllm_flashinfer_prefill
+    # region 7: 2 workloads, 2.53x (2.25x .. 2.85x) over vllm_flashinfer_prefill
     if total_seq_len > 181 and num_seqs <= 1 and mean_seq_len <= 619:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 9: 7 workloads, 2.32x (1.04x .. 3.39x) over vllm_flashinfer_prefill
+    # region 8: 7 workloads, 2.32x (1.04x .. 3.38x) over vllm_flashinfer_prefill
     if total_seq_len > 181 and 1 < num_seqs <= 3 and mean_seq_len <= 619:
-        return ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 21 workloads, 1.39x (1.12x .. 1.59x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 21 workloads, 1.39x (1.12x .. 1.59x) over vllm_flashinfer_prefill
     if 212 < total_seq_len <= 559 and num_seqs > 3 and mean_seq_len <= 45:
         return 'cuda_prefill_staged.r64s4'
-    # region 11: 10 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 10 workloads, the baseline; its stand-ins where it cannot run here
     if 212 < total_seq_len <= 559 and num_seqs > 3 and mean_seq_len > 45:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 12 workloads, 1.44x (1.13x .. 1.56x) over vllm_flashinfer_prefill
+    # region 11: 12 workloads, 1.44x (1.12x .. 1.56x) over vllm_flashinfer_prefill
     if total_seq_len > 559 and num_seqs > 3 and mean_seq_len <= 29:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 53 workloads, the baseline; its stand-ins where it cannot run here
+    # region 12: 53 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 559 and num_seqs > 3 and mean_seq_len > 29:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 13: 6 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2834 and num_seqs <= 3 and mean_seq_len > 619:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -155,28 +148,25 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 12 workloads, 5.24x (2.68x .. 12.47x) over vllm_flashinfer_prefill
-    if total_seq_len <= 104 and mean_seq_len > 6:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 18 workloads, 3.33x (2.18x .. 9.79x) over vllm_flashinfer_prefill
-    if total_seq_len <= 212 and mean_seq_len <= 6:
+    if total_seq_len <= 106 and mean_seq_len > 7:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 25 workloads, 2.96x (1.74x .. 9.79x) over vllm_flashinfer_prefill
+    if total_seq_len <= 669 and mean_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 88 workloads, 2.78x (1.00x .. 9.08x) over vllm_flashinfer_prefill
-    if 104 < total_seq_len <= 3821 and mean_seq_len > 6:
+    # region 3: 10 workloads, 2.36x (1.42x .. 4.16x) over vllm_flashinfer_prefill
+    if 106 < total_seq_len <= 143 and mean_seq_len > 7:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 4: 77 workloads, 2.45x (1.12x .. 5.77x) over vllm_flashinfer_prefill
+    if 143 < total_seq_len <= 3821 and mean_seq_len > 7:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 4: 4 workloads, 2.27x (2.00x .. 2.48x) over vllm_flashinfer_prefill
-    if 212 < total_seq_len <= 3821 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 6 workloads, 2.05x (1.66x .. 2.64x) over vllm_flashinfer_prefill
-    if 212 < total_seq_len <= 3821 and 3 < mean_seq_len <= 6:
+    # region 5: 4 workloads, 1.84x (1.71x .. 2.05x) over vllm_flashinfer_prefill
+    if 669 < total_seq_len <= 3821 and mean_seq_len <= 7:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 3 workloads, 1.71x (1.48x .. 1.96x) over vllm_flashinfer_prefill
-    if 3821 < total_seq_len <= 7968:
-        return 'cuda_prefill_staged.r32s4'
-    # region 7: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7968 and num_seqs <= 2:
+    # region 6: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3821 and num_seqs <= 2:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 22 workloads, 1.36x (1.12x .. 1.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 7968 and num_seqs > 2:
+    # region 7: 24 workloads, 1.38x (1.12x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 3821 and num_seqs > 2:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -186,149 +176,155 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.51% mean, 41.77% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.53% mean, 40.83% max;
 #             1.211x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.54% mean, 75.82% max;
-#             2.190x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.70% mean, 70.82% max;
+#             2.079x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 304 and mean_seq_len <= 1 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 1 workloads, 7.70x (7.70x .. 7.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
 #   2. total_seq_len <= 304 and mean_seq_len <= 1 and 10 < max_seq_len <= 898: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v64
 #   3. total_seq_len <= 608 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len <= 692: cuda_prefill_staged.r32s4, 9 workloads, 2.82x (1.04x .. 3.84x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   4. total_seq_len <= 608 and num_seqs > 3 and mean_seq_len > 37 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   5. total_seq_len <= 608 and num_seqs > 3 and mean_seq_len > 37 and 83 < max_seq_len <= 90: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   6. total_seq_len <= 738 and num_seqs > 3 and 53 < mean_seq_len <= 291 and max_seq_len > 333: cuda_prefill_staged.r32s4, 3 workloads, 1.10x (1.08x .. 1.13x) over vllm_flashinfer_prefill
-#   7. total_seq_len <= 861 and num_seqs > 3 and 37 < mean_seq_len <= 107 and 90 < max_seq_len <= 333: cuda_prefill_staged.r64s4, 2 workloads, 1.09x (1.07x .. 1.10x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 861 and num_seqs > 3 and mean_seq_len > 107 and 90 < max_seq_len <= 333: flashinfer_direct, 2 workloads, 1.05x (1.04x .. 1.06x) over vllm_flashinfer_prefill
-#   9. total_seq_len <= 1217 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len > 692: cuda_prefill_staged.r64s4, 2 workloads, 2.06x (2.02x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 1722 and num_seqs > 3 and 291 < mean_seq_len <= 608 and max_seq_len > 333: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   11. total_seq_len <= 1752 and num_seqs <= 3 and 736 < mean_seq_len <= 1491: cuda_prefill_staged.r32s4, 2 workloads, 1.57x (1.42x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. total_seq_len <= 2047 and num_seqs > 3 and 37 < mean_seq_len <= 53 and max_seq_len > 333: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   13. total_seq_len <= 2982 and num_seqs <= 3 and mean_seq_len > 1491: cuda_prefill_staged.r32s4, 3 workloads, 1.21x (1.11x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   14. total_seq_len <= 6888 and mean_seq_len <= 37 and 1105 < max_seq_len <= 2314: cuda_prefill_staged.r64s4, 2 workloads, 1.26x (1.05x .. 1.52x) over vllm_flashinfer_prefill
-#   15. mean_seq_len <= 26 and 898 < max_seq_len <= 1105: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   16. mean_seq_len <= 26 and 2314 < max_seq_len <= 3904: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   17. mean_seq_len <= 37 and max_seq_len > 3904: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   18. 1 < mean_seq_len <= 3 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.62x (1.50x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   19. 1 < mean_seq_len <= 3 and 10 < max_seq_len <= 898: cuda_prefill_staged.r64s4, 2 workloads, 1.57x (1.56x .. 1.59x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   20. 3 < mean_seq_len <= 37 and max_seq_len <= 898: cuda_prefill_staged.r64s4, 64 workloads, 1.38x (1.04x .. 4.45x) over vllm_flashinfer_prefill
-#   21. 26 < mean_seq_len <= 37 and 898 < max_seq_len <= 901: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   22. 26 < mean_seq_len <= 37 and 901 < max_seq_len <= 1105: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   23. 26 < mean_seq_len <= 37 and 2314 < max_seq_len <= 3904: vllm_flashinfer_prefill (baseline), 0 workloads
-#   24. num_seqs > 3 and mean_seq_len > 608 and max_seq_len > 333: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   25. total_seq_len > 304 and mean_seq_len <= 1 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   26. total_seq_len > 304 and mean_seq_len <= 1 and 43 < max_seq_len <= 898: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   27. total_seq_len > 608 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len <= 692: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.39x (2.39x .. 2.39x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   28. total_seq_len > 608 and num_seqs > 3 and 37 < mean_seq_len <= 53 and max_seq_len <= 90: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   29. total_seq_len > 608 and num_seqs > 3 and mean_seq_len > 53 and max_seq_len <= 90: cuda_prefill_staged.r64s4, 2 workloads, 1.05x (1.04x .. 1.05x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   4. total_seq_len <= 738 and num_seqs > 3 and 53 < mean_seq_len <= 291 and max_seq_len > 333: cuda_prefill_staged.r32s4, 3 workloads, 1.10x (1.09x .. 1.13x) over vllm_flashinfer_prefill
+#   5. total_seq_len <= 861 and num_seqs > 3 and 37 < mean_seq_len <= 107 and 90 < max_seq_len <= 333: cuda_prefill_staged.r64s4, 2 workloads, 1.08x (1.06x .. 1.09x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 861 and num_seqs > 3 and mean_seq_len > 107 and 90 < max_seq_len <= 333: flashinfer_direct, 2 workloads, 1.05x (1.04x .. 1.06x) over vllm_flashinfer_prefill
+#   7. total_seq_len <= 1217 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len > 692: cuda_prefill_staged.r64s4, 2 workloads, 2.06x (2.02x .. 2.11x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4
+#   8. total_seq_len <= 1722 and num_seqs > 3 and 291 < mean_seq_len <= 608 and max_seq_len > 333: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   9. total_seq_len <= 1752 and num_seqs <= 3 and 736 < mean_seq_len <= 1491: cuda_prefill_staged.r32s4, 2 workloads, 1.57x (1.42x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len <= 2047 and num_seqs > 3 and 37 < mean_seq_len <= 53 and max_seq_len > 333: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   11. total_seq_len <= 2982 and num_seqs <= 3 and mean_seq_len > 1491: cuda_prefill_staged.r32s4, 3 workloads, 1.21x (1.11x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   12. total_seq_len <= 6888 and mean_seq_len <= 37 and 1455 < max_seq_len <= 2314: cuda_prefill_staged.r64s4, 2 workloads, 1.31x (1.13x .. 1.52x) over vllm_flashinfer_prefill
+#   13. mean_seq_len <= 26 and 898 < max_seq_len <= 1455: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   14. mean_seq_len <= 26 and 2314 < max_seq_len <= 3904: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   15. mean_seq_len <= 37 and max_seq_len > 3904: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   16. 1 < mean_seq_len <= 3 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.62x (1.50x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   17. 1 < mean_seq_len <= 3 and 10 < max_seq_len <= 898: cuda_prefill_staged.r64s4, 2 workloads, 1.58x (1.56x .. 1.59x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   18. 3 < mean_seq_len <= 37 and max_seq_len <= 898: cuda_prefill_staged.r64s4, 64 workloads, 1.38x (1.04x .. 4.48x) over vllm_flashinfer_prefill
+#   19. 26 < mean_seq_len <= 37 and 898 < max_seq_len <= 901: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   20. 26 < mean_seq_len <= 37 and 901 < max_seq_len <= 1455: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   21. 26 < mean_seq_len <= 37 and 2314 < max_seq_len <= 3904: vllm_flashinfer_prefill (baseline), 0 workloads
+#   22. num_seqs > 3 and 37 < mean_seq_len <= 53 and max_seq_len <= 64: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   23. num_seqs > 3 and mean_seq_len > 37 and 64 < max_seq_len <= 83: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   24. num_seqs > 3 and mean_seq_len > 37 and 83 < max_seq_len <= 90: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   25. num_seqs > 3 and mean_seq_len > 53 and max_seq_len <= 64: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   26. num_seqs > 3 and mean_seq_len > 608 and max_seq_len > 333: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   27. total_seq_len > 304 and mean_seq_len <= 1 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   28. total_seq_len > 304 and mean_seq_len <= 1 and 43 < max_seq_len <= 898: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   29. total_seq_len > 608 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len <= 692: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.39x (2.39x .. 2.39x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
 #   30. total_seq_len > 738 and num_seqs > 3 and 53 < mean_seq_len <= 291 and max_seq_len > 333: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   31. total_seq_len > 861 and num_seqs > 3 and 37 < mean_seq_len <= 53 and 90 < max_seq_len <= 333: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   32. total_seq_len > 861 and num_seqs > 3 and mean_seq_len > 53 and 90 < max_seq_len <= 333: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
+#   31. 861 < total_seq_len <= 1217 and num_seqs > 3 and mean_seq_len > 53 and 90 < max_seq_len <= 333: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   32. total_seq_len > 861 and num_seqs > 3 and 37 < mean_seq_len <= 53 and 90 < max_seq_len <= 333: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
 #   33. total_seq_len > 1217 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len > 692: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   34. total_seq_len > 1722 and num_seqs > 3 and 291 < mean_seq_len <= 608 and max_seq_len > 333: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   35. total_seq_len > 1752 and num_seqs <= 3 and 736 < mean_seq_len <= 1491: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   36. total_seq_len > 2047 and num_seqs > 3 and 37 < mean_seq_len <= 53 and max_seq_len > 333: vllm_flashinfer_prefill (baseline), 0 workloads
-#   37. total_seq_len > 2982 and num_seqs <= 3 and mean_seq_len > 1491: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   38. total_seq_len > 6888 and mean_seq_len <= 37 and 1105 < max_seq_len <= 2314: vllm_flashinfer_prefill (baseline), 0 workloads
+#   34. total_seq_len > 1217 and num_seqs > 3 and 53 < mean_seq_len <= 75 and 90 < max_seq_len <= 333: cuda_prefill_staged.r64s4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   35. total_seq_len > 1217 and num_seqs > 3 and mean_seq_len > 75 and 90 < max_seq_len <= 333: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
+#   36. total_seq_len > 1722 and num_seqs > 3 and 291 < mean_seq_len <= 608 and max_seq_len > 333: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   37. total_seq_len > 1752 and num_seqs <= 3 and 736 < mean_seq_len <= 1491: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   38. total_seq_len > 2047 and num_seqs > 3 and 37 < mean_seq_len <= 53 and max_seq_len > 333: vllm_flashinfer_prefill (baseline), 0 workloads
+#   39. total_seq_len > 2982 and num_seqs <= 3 and mean_seq_len > 1491: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   40. total_seq_len > 6888 and mean_seq_len <= 37 and 1455 < max_seq_len <= 2314: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 48 and num_seqs <= 5: cuda_prefill_pool_rows.k8c8, 10 workloads, 5.51x (3.07x .. 12.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 48 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 2 workloads, 4.15x (4.12x .. 4.17x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 48 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 5: cuda_prefill_pool_rows.k4c8, 1 workloads, 3.25x (3.25x .. 3.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 48 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.19x (3.19x .. 3.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 48 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len > 11: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.10x (2.82x .. 3.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   6. 48 < total_seq_len <= 89 and max_seq_len > 63: cuda_prefill_pool_rows.k8c8, 2 workloads, 7.86x (7.77x .. 7.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. 48 < total_seq_len <= 178 and mean_seq_len <= 2 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.59x (2.36x .. 2.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   8. 48 < total_seq_len <= 178 and mean_seq_len <= 2 and 12 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   9. 48 < total_seq_len <= 178 and mean_seq_len > 2 and max_seq_len <= 42: cuda_prefill_pool_rows.k2c8, 12 workloads, 3.19x (1.75x .. 4.37x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64
-#   10. 48 < total_seq_len <= 178 and mean_seq_len > 2 and 42 < max_seq_len <= 63: cuda_prefill_staged.r64s4, 2 workloads, 3.75x (3.68x .. 3.82x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   11. 89 < total_seq_len <= 178 and max_seq_len > 63: cuda_prefill_staged.r64s4, 6 workloads, 2.55x (1.33x .. 6.77x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   12. 178 < total_seq_len <= 430 and mean_seq_len <= 3 and max_seq_len <= 58: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   13. 178 < total_seq_len <= 430 and mean_seq_len <= 3 and max_seq_len > 58: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   14. 178 < total_seq_len <= 3821 and mean_seq_len > 3: cuda_prefill_staged.r64s4, 84 workloads, 2.74x (1.18x .. 9.08x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   15. 430 < total_seq_len <= 559 and mean_seq_len <= 3 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.38x (2.29x .. 2.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. 430 < total_seq_len <= 559 and mean_seq_len <= 3 and max_seq_len > 22: cuda_prefill_staged.r64s4, 1 workloads, 2.07x (2.07x .. 2.07x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 559 < total_seq_len <= 3821 and mean_seq_len <= 3 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.35x (2.35x .. 2.35x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 559 < total_seq_len <= 3821 and mean_seq_len <= 3 and max_seq_len > 11: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
-#   19. 3821 < total_seq_len <= 7968 and num_seqs <= 1: cuda_prefill_staged.r32s4, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill
-#   20. 3821 < total_seq_len <= 7968 and num_seqs > 1: cuda_prefill_staged.r64s4, 2 workloads, 1.96x (1.84x .. 2.09x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. 7968 < total_seq_len <= 17695 and max_seq_len <= 810: cuda_prefill_staged.r64s4, 6 workloads, 1.73x (1.48x .. 2.21x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   22. 7968 < total_seq_len <= 18754 and mean_seq_len <= 2435 and max_seq_len > 810: flashinfer_direct, 13 workloads, 1.40x (1.15x .. 1.62x) over vllm_flashinfer_prefill
-#   23. 7968 < total_seq_len <= 18754 and 2435 < mean_seq_len <= 6888 and max_seq_len > 810: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   24. total_seq_len > 7968 and mean_seq_len > 6888 and max_seq_len > 810: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   25. total_seq_len > 17695 and mean_seq_len <= 107 and max_seq_len <= 810: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   26. total_seq_len > 17695 and mean_seq_len > 107 and max_seq_len <= 810: flashinfer_direct, 2 workloads, 1.18x (1.12x .. 1.24x) over vllm_flashinfer_prefill
-#   27. total_seq_len > 18754 and mean_seq_len <= 6888 and 810 < max_seq_len <= 11585: flashinfer_direct, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
-#   28. total_seq_len > 18754 and mean_seq_len <= 6888 and max_seq_len > 11585: vllm_flashinfer_prefill (baseline), 0 workloads
+#   2. total_seq_len <= 48 and num_seqs > 5 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.80x (3.19x .. 4.17x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 48 and num_seqs > 5 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 3 workloads, 3.15x (2.82x .. 3.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   4. 48 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.59x (2.36x .. 2.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
+#   5. 48 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len > 12: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.36x (2.36x .. 2.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   6. 48 < total_seq_len <= 150 and mean_seq_len > 2 and max_seq_len <= 57: cuda_prefill_pool_rows.k2c8, 12 workloads, 3.25x (1.75x .. 4.37x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64
+#   7. 48 < total_seq_len <= 150 and mean_seq_len > 2 and max_seq_len > 57: cuda_prefill_staged.r64s4, 8 workloads, 3.06x (1.13x .. 8.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   8. 150 < total_seq_len <= 319 and mean_seq_len <= 6 and max_seq_len <= 58: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.26x (2.06x .. 2.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. 150 < total_seq_len <= 319 and mean_seq_len <= 6 and max_seq_len > 58: cuda_prefill_staged.r64s4, 1 workloads, 2.08x (2.08x .. 2.08x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   10. 150 < total_seq_len <= 319 and mean_seq_len > 6: cuda_prefill_staged.r64s4, 14 workloads, 2.47x (1.12x .. 5.68x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   11. 319 < total_seq_len <= 559 and mean_seq_len <= 3 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.38x (2.29x .. 2.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. 319 < total_seq_len <= 559 and mean_seq_len <= 3 and 45 < max_seq_len <= 4095: cuda_prefill_staged.r64s4, 1 workloads, 1.90x (1.90x .. 1.90x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. 319 < total_seq_len <= 4871 and max_seq_len > 4095: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   14. 319 < total_seq_len <= 7968 and mean_seq_len > 3 and max_seq_len <= 4095: cuda_prefill_staged.r64s4, 69 workloads, 2.39x (1.50x .. 5.77x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   15. 559 < total_seq_len <= 7968 and mean_seq_len <= 3 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.35x (2.35x .. 2.35x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. 559 < total_seq_len <= 7968 and mean_seq_len <= 3 and 11 < max_seq_len <= 4095: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
+#   17. 4871 < total_seq_len <= 7968 and max_seq_len > 4095: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 7968 < total_seq_len <= 13777 and num_seqs <= 22 and mean_seq_len <= 6888 and max_seq_len > 3702: cuda_prefill_staged.r64s4, 4 workloads, 1.94x (1.72x .. 2.21x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   19. 7968 < total_seq_len <= 13777 and num_seqs <= 45 and mean_seq_len <= 6888 and 810 < max_seq_len <= 3702: flashinfer_direct, 5 workloads, 1.51x (1.26x .. 1.62x) over vllm_flashinfer_prefill
+#   20. 7968 < total_seq_len <= 13777 and num_seqs > 22 and mean_seq_len <= 6888 and max_seq_len > 3702: flashinfer_direct, 4 workloads, 1.22x (1.15x .. 1.39x) over vllm_flashinfer_prefill
+#   21. 7968 < total_seq_len <= 13777 and num_seqs > 45 and mean_seq_len <= 6888 and 810 < max_seq_len <= 3702: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off
+#   22. 7968 < total_seq_len <= 17695 and mean_seq_len <= 6888 and 107 < max_seq_len <= 810: cuda_prefill_staged.r64s4, 5 workloads, 1.64x (1.46x .. 1.99x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   23. total_seq_len > 7968 and mean_seq_len <= 6888 and max_seq_len <= 107: cuda_prefill_staged.r64s4, 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 7968 and mean_seq_len > 6888: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 13777 and mean_seq_len <= 1722 and 810 < max_seq_len <= 23146: flashinfer_direct, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
+#   26. total_seq_len > 13777 and mean_seq_len <= 1722 and max_seq_len > 23146: vllm_flashinfer_prefill (baseline), 0 workloads
+#   27. total_seq_len > 13777 and 1722 < mean_seq_len <= 6888 and 810 < max_seq_len <= 16378: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   28. total_seq_len > 13777 and 1722 < mean_seq_len <= 6888 and max_seq_len > 16378: vllm_flashinfer_prefill (baseline), 0 workloads
+#   29. total_seq_len > 17695 and mean_seq_len <= 6888 and 107 < max_seq_len <= 810: flashinfer_direct, 2 workloads, 1.18x (1.12x .. 1.24x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 1), 'total_seq_len': (None, 304)}, 'workloads': 1, 'speedup': (7.7, 7.7, 7.7), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (10, 898), 'mean_seq_len': (None, 1), 'total_seq_len': (None, 304)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64')},
     {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 692), 'mean_seq_len': (37, 736), 'num_seqs': (None, 3), 'total_seq_len': (None, 608)}, 'workloads': 9, 'speedup': (1.04, 2.82, 3.84), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'mean_seq_len': (37, None), 'num_seqs': (3, None), 'total_seq_len': (None, 608)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 90), 'mean_seq_len': (37, None), 'num_seqs': (3, None), 'total_seq_len': (None, 608)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (53, 291), 'num_seqs': (3, None), 'total_seq_len': (None, 738)}, 'workloads': 3, 'speedup': (1.08, 1.1, 1.13), 'fallbacks': ()},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (90, 333), 'mean_seq_len': (37, 107), 'num_seqs': (3, None), 'total_seq_len': (None, 861)}, 'workloads': 2, 'speedup': (1.07, 1.09, 1.1), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (90, 333), 'mean_seq_len': (107, None), 'num_seqs': (3, None), 'total_seq_len': (None, 861)}, 'workloads': 2, 'speedup': (1.04, 1.05, 1.06), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (692, None), 'mean_seq_len': (37, 736), 'num_seqs': (None, 3), 'total_seq_len': (None, 1217)}, 'workloads': 2, 'speedup': (2.02, 2.06, 2.11), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (291, 608), 'num_seqs': (3, None), 'total_seq_len': (None, 1722)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (736, 1491), 'num_seqs': (None, 3), 'total_seq_len': (None, 1752)}, 'workloads': 2, 'speedup': (1.42, 1.57, 1.73), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (37, 53), 'num_seqs': (3, None), 'total_seq_len': (None, 2047)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (1491, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 2982)}, 'workloads': 3, 'speedup': (1.11, 1.21, 1.36), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1105, 2314), 'mean_seq_len': (None, 37), 'total_seq_len': (None, 6888)}, 'workloads': 2, 'speedup': (1.05, 1.26, 1.52), 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, 1105), 'mean_seq_len': (None, 26)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2314, 3904), 'mean_seq_len': (None, 26)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3904, None), 'mean_seq_len': (None, 37)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (1, 3)}, 'workloads': 8, 'speedup': (1.5, 1.62, 1.78), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (10, 898), 'mean_seq_len': (1, 3)}, 'workloads': 2, 'speedup': (1.56, 1.57, 1.59), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 898), 'mean_seq_len': (3, 37)}, 'workloads': 64, 'speedup': (1.04, 1.38, 4.45), 'fallbacks': ()},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, 901), 'mean_seq_len': (26, 37)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (901, 1105), 'mean_seq_len': (26, 37)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2314, 3904), 'mean_seq_len': (26, 37)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (608, None), 'num_seqs': (3, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 1), 'total_seq_len': (304, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (43, 898), 'mean_seq_len': (None, 1), 'total_seq_len': (304, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 692), 'mean_seq_len': (37, 736), 'num_seqs': (None, 3), 'total_seq_len': (608, None)}, 'workloads': 1, 'speedup': (2.39, 2.39, 2.39), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (37, 53), 'num_seqs': (3, None), 'total_seq_len': (608, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (53, None), 'num_seqs': (3, None), 'total_seq_len': (608, None)}, 'workloads': 2, 'speedup': (1.04, 1.05, 1.05), 'fallbacks': (), 'hand_back': True},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (53, 291), 'num_seqs': (3, None), 'total_seq_len': (None, 738)}, 'workloads': 3, 'speedup': (1.09, 1.1, 1.13), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (90, 333), 'mean_seq_len': (37, 107), 'num_seqs': (3, None), 'total_seq_len': (None, 861)}, 'workloads': 2, 'speedup': (1.06, 1.08, 1.09), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (90, 333), 'mean_seq_len': (107, None), 'num_seqs': (3, None), 'total_seq_len': (None, 861)}, 'workloads': 2, 'speedup': (1.04, 1.05, 1.06), 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (692, None), 'mean_seq_len': (37, 736), 'num_seqs': (None, 3), 'total_seq_len': (None, 1217)}, 'workloads': 2, 'speedup': (2.02, 2.06, 2.11), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4')},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (291, 608), 'num_seqs': (3, None), 'total_seq_len': (None, 1722)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (736, 1491), 'num_seqs': (None, 3), 'total_seq_len': (None, 1752)}, 'workloads': 2, 'speedup': (1.42, 1.57, 1.73), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (37, 53), 'num_seqs': (3, None), 'total_seq_len': (None, 2047)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (1491, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 2982)}, 'workloads': 3, 'speedup': (1.11, 1.21, 1.36), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1455, 2314), 'mean_seq_len': (None, 37), 'total_seq_len': (None, 6888)}, 'workloads': 2, 'speedup': (1.13, 1.31, 1.52), 'fallbacks': ()},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, 1455), 'mean_seq_len': (None, 26)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2314, 3904), 'mean_seq_len': (None, 26)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3904, None), 'mean_seq_len': (None, 37)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (1, 3)}, 'workloads': 8, 'speedup': (1.5, 1.62, 1.78), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (10, 898), 'mean_seq_len': (1, 3)}, 'workloads': 2, 'speedup': (1.56, 1.58, 1.59), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 898), 'mean_seq_len': (3, 37)}, 'workloads': 64, 'speedup': (1.04, 1.38, 4.48), 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, 901), 'mean_seq_len': (26, 37)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (901, 1455), 'mean_seq_len': (26, 37)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2314, 3904), 'mean_seq_len': (26, 37)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 64), 'mean_seq_len': (37, 53), 'num_seqs': (3, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (64, 83), 'mean_seq_len': (37, None), 'num_seqs': (3, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 90), 'mean_seq_len': (37, None), 'num_seqs': (3, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 64), 'mean_seq_len': (53, None), 'num_seqs': (3, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (608, None), 'num_seqs': (3, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 1), 'total_seq_len': (304, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (43, 898), 'mean_seq_len': (None, 1), 'total_seq_len': (304, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 692), 'mean_seq_len': (37, 736), 'num_seqs': (None, 3), 'total_seq_len': (608, None)}, 'workloads': 1, 'speedup': (2.39, 2.39, 2.39), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
     {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (53, 291), 'num_seqs': (3, None), 'total_seq_len': (738, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (90, 333), 'mean_seq_len': (37, 53), 'num_seqs': (3, None), 'total_seq_len': (861, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, 333), 'mean_seq_len': (53, None), 'num_seqs': (3, None), 'total_seq_len': (861, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, 333), 'mean_seq_len': (53, None), 'num_seqs': (3, None), 'total_seq_len': (861, 1217)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (90, 333), 'mean_seq_len': (37, 53), 'num_seqs': (3, None), 'total_seq_len': (861, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (692, None), 'mean_seq_len': (37, 736), 'num_seqs': (None, 3), 'total_seq_len': (1217, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (291, 608), 'num_seqs': (3, None), 'total_seq_len': (1722, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (736, 1491), 'num_seqs': (None, 3), 'total_seq_len': (1752, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (37, 53), 'num_seqs': (3, None), 'total_seq_len': (2047, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1491, None), 'num_seqs': (None, 3), 'total_seq_len': (2982, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1105, 2314), 'mean_seq_len': (None, 37), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (90, 333), 'mean_seq_len': (53, 75), 'num_seqs': (3, None), 'total_seq_len': (1217, None)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, 333), 'mean_seq_len': (75, None), 'num_seqs': (3, None), 'total_seq_len': (1217, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (291, 608), 'num_seqs': (3, None), 'total_seq_len': (1722, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (736, 1491), 'num_seqs': (None, 3), 'total_seq_len': (1752, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (37, 53), 'num_seqs': (3, None), 'total_seq_len': (2047, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1491, None), 'num_seqs': (None, 3), 'total_seq_len': (2982, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1455, 2314), 'mean_seq_len': (None, 37), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (None, 48)}, 'workloads': 10, 'speedup': (3.07, 5.51, 12.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 48)}, 'workloads': 2, 'speedup': (4.12, 4.15, 4.17), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (5, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 48)}, 'workloads': 1, 'speedup': (3.25, 3.25, 3.25), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, None), 'num_seqs': (5, None), 'total_seq_len': (None, 48)}, 'workloads': 1, 'speedup': (3.19, 3.19, 3.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (2, None), 'num_seqs': (5, None), 'total_seq_len': (None, 48)}, 'workloads': 2, 'speedup': (2.82, 3.1, 3.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (63, None), 'total_seq_len': (48, 89)}, 'workloads': 2, 'speedup': (7.77, 7.86, 7.94), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 2), 'total_seq_len': (48, 178)}, 'workloads': 2, 'speedup': (2.36, 2.59, 2.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 63), 'mean_seq_len': (None, 2), 'total_seq_len': (48, 178)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 42), 'mean_seq_len': (2, None), 'total_seq_len': (48, 178)}, 'workloads': 12, 'speedup': (1.75, 3.19, 4.37), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (42, 63), 'mean_seq_len': (2, None), 'total_seq_len': (48, 178)}, 'workloads': 2, 'speedup': (3.68, 3.75, 3.82), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, None), 'total_seq_len': (89, 178)}, 'workloads': 6, 'speedup': (1.33, 2.55, 6.77), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 58), 'mean_seq_len': (None, 3), 'total_seq_len': (178, 430)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (58, None), 'mean_seq_len': (None, 3), 'total_seq_len': (178, 430)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, None), 'total_seq_len': (178, 3821)}, 'workloads': 84, 'speedup': (1.18, 2.74, 9.08), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 3), 'total_seq_len': (430, 559)}, 'workloads': 2, 'speedup': (2.29, 2.38, 2.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (None, 3), 'total_seq_len': (430, 559)}, 'workloads': 1, 'speedup': (2.07, 2.07, 2.07), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 3), 'total_seq_len': (559, 3821)}, 'workloads': 1, 'speedup': (2.35, 2.35, 2.35), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (None, 3), 'total_seq_len': (559, 3821)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (3821, 7968)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ()},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (3821, 7968)}, 'workloads': 2, 'speedup': (1.84, 1.96, 2.09), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 810), 'total_seq_len': (7968, 17695)}, 'workloads': 6, 'speedup': (1.48, 1.73, 2.21), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (810, None), 'mean_seq_len': (None, 2435), 'total_seq_len': (7968, 18754)}, 'workloads': 13, 'speedup': (1.15, 1.4, 1.62), 'fallbacks': ()},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (810, None), 'mean_seq_len': (2435, 6888), 'total_seq_len': (7968, 18754)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (810, None), 'mean_seq_len': (6888, None), 'total_seq_len': (7968, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 810), 'mean_seq_len': (None, 107), 'total_seq_len': (17695, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 810), 'mean_seq_len': (107, None), 'total_seq_len': (17695, None)}, 'workloads': 2, 'speedup': (1.12, 1.18, 1.24), 'fallbacks': ()},
-    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (810, 11585), 'mean_seq_len': (None, 6888), 'total_seq_len': (18754, None)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11585, None), 'mean_seq_len': (None, 6888), 'total_seq_len': (18754, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, None), 'total_seq_len': (None, 48)}, 'workloads': 3, 'speedup': (3.19, 3.8, 4.17), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'num_seqs': (5, None), 'total_seq_len': (None, 48)}, 'workloads': 3, 'speedup': (2.82, 3.15, 3.41), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 2), 'total_seq_len': (48, 150)}, 'workloads': 2, 'speedup': (2.36, 2.59, 2.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, None), 'mean_seq_len': (None, 2), 'total_seq_len': (48, 150)}, 'workloads': 1, 'speedup': (2.36, 2.36, 2.36), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 57), 'mean_seq_len': (2, None), 'total_seq_len': (48, 150)}, 'workloads': 12, 'speedup': (1.75, 3.25, 4.37), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (57, None), 'mean_seq_len': (2, None), 'total_seq_len': (48, 150)}, 'workloads': 8, 'speedup': (1.13, 3.06, 8.62), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 58), 'mean_seq_len': (None, 6), 'total_seq_len': (150, 319)}, 'workloads': 3, 'speedup': (2.06, 2.26, 2.39), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (58, None), 'mean_seq_len': (None, 6), 'total_seq_len': (150, 319)}, 'workloads': 1, 'speedup': (2.08, 2.08, 2.08), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (6, None), 'total_seq_len': (150, 319)}, 'workloads': 14, 'speedup': (1.12, 2.47, 5.68), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (None, 3), 'total_seq_len': (319, 559)}, 'workloads': 2, 'speedup': (2.29, 2.38, 2.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, 4095), 'mean_seq_len': (None, 3), 'total_seq_len': (319, 559)}, 'workloads': 1, 'speedup': (1.9, 1.9, 1.9), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4095, None), 'total_seq_len': (319, 4871)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4095), 'mean_seq_len': (3, None), 'total_seq_len': (319, 7968)}, 'workloads': 69, 'speedup': (1.5, 2.39, 5.77), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 3), 'total_seq_len': (559, 7968)}, 'workloads': 1, 'speedup': (2.35, 2.35, 2.35), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 4095), 'mean_seq_len': (None, 3), 'total_seq_len': (559, 7968)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4095, None), 'total_seq_len': (4871, 7968)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (3702, None), 'mean_seq_len': (None, 6888), 'num_seqs': (None, 22), 'total_seq_len': (7968, 13777)}, 'workloads': 4, 'speedup': (1.72, 1.94, 2.21), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (810, 3702), 'mean_seq_len': (None, 6888), 'num_seqs': (None, 45), 'total_seq_len': (7968, 13777)}, 'workloads': 5, 'speedup': (1.26, 1.51, 1.62), 'fallbacks': ()},
+    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (3702, None), 'mean_seq_len': (None, 6888), 'num_seqs': (22, None), 'total_seq_len': (7968, 13777)}, 'workloads': 4, 'speedup': (1.15, 1.22, 1.39), 'fallbacks': ()},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (810, 3702), 'mean_seq_len': (None, 6888), 'num_seqs': (45, None), 'total_seq_len': (7968, 13777)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (107, 810), 'mean_seq_len': (None, 6888), 'total_seq_len': (7968, 17695)}, 'workloads': 5, 'speedup': (1.46, 1.64, 1.99), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 107), 'mean_seq_len': (None, 6888), 'total_seq_len': (7968, None)}, 'workloads': 1, 'speedup': (1.75, 1.75, 1.75), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6888, None), 'total_seq_len': (7968, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (810, 23146), 'mean_seq_len': (None, 1722), 'total_seq_len': (13777, None)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23146, None), 'mean_seq_len': (None, 1722), 'total_seq_len': (13777, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (810, 16378), 'mean_seq_len': (1722, 6888), 'total_seq_len': (13777, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16378, None), 'mean_seq_len': (1722, 6888), 'total_seq_len': (13777, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (107, 810), 'mean_seq_len': (None, 6888), 'total_seq_len': (17695, None)}, 'workloads': 2, 'speedup': (1.12, 1.18, 1.24), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -346,100 +342,106 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 3: 9 workloads, 2.82x (1.04x .. 3.84x) over vllm_flashinfer_prefill
     if total_seq_len <= 608 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len <= 692:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 4: 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
-    if total_seq_len <= 608 and num_seqs > 3 and mean_seq_len > 37 and max_seq_len <= 83:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 608 and num_seqs > 3 and mean_seq_len > 37 and 83 < max_seq_len <= 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 3 workloads, 1.10x (1.08x .. 1.13x) over vllm_flashinfer_prefill
+    # region 4: 3 workloads, 1.10x (1.09x .. 1.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 738 and num_seqs > 3 and 53 < mean_seq_len <= 291 and max_seq_len > 333:
         return 'cuda_prefill_staged.r32s4'
-    # region 7: 2 workloads, 1.09x (1.07x .. 1.10x) over vllm_flashinfer_prefill
+    # region 5: 2 workloads, 1.08x (1.06x .. 1.09x) over vllm_flashinfer_prefill
     if total_seq_len <= 861 and num_seqs > 3 and 37 < mean_seq_len <= 107 and 90 < max_seq_len <= 333:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 2 workloads, 1.05x (1.04x .. 1.06x) over vllm_flashinfer_prefill
+    # region 6: 2 workloads, 1.05x (1.04x .. 1.06x) over vllm_flashinfer_prefill
     if total_seq_len <= 861 and num_seqs > 3 and mean_seq_len > 107 and 90 < max_seq_len <= 333:
         return 'flashinfer_direct'
-    # region 9: 2 workloads, 2.06x (2.02x .. 2.11x) over vllm_flashinfer_prefill
+    # region 7: 2 workloads, 2.06x (2.02x .. 2.11x) over vllm_flashinfer_prefill
     if total_seq_len <= 1217 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len > 692:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 1722 and num_seqs > 3 and 291 < mean_seq_len <= 608 and max_seq_len > 333:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 11: 2 workloads, 1.57x (1.42x .. 1.73x) over vllm_flashinfer_prefill
+    # region 9: 2 workloads, 1.57x (1.42x .. 1.73x) over vllm_flashinfer_prefill
     if total_seq_len <= 1752 and num_seqs <= 3 and 736 < mean_seq_len <= 1491:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 2047 and num_seqs > 3 and 37 < mean_seq_len <= 53 and max_seq_len > 333:
         return 'cuda_prefill_staged.r64s4'
-    # region 13: 3 workloads, 1.21x (1.11x .. 1.36x) over vllm_flashinfer_prefill
+    # region 11: 3 workloads, 1.21x (1.11x .. 1.36x) over vllm_flashinfer_prefill
     if total_seq_len <= 2982 and num_seqs <= 3 and mean_seq_len > 1491:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 14: 2 workloads, 1.26x (1.05x .. 1.52x) over vllm_flashinfer_prefill
-    if total_seq_len <= 6888 and mean_seq_len <= 37 and 1105 < max_seq_len <= 2314:
+    # region 12: 2 workloads, 1.31x (1.13x .. 1.52x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and mean_seq_len <= 37 and 1455 < max_seq_len <= 2314:
         return 'cuda_prefill_staged.r64s4'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if mean_seq_len <= 26 and 898 < max_seq_len <= 1105:
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if mean_seq_len <= 26 and 898 < max_seq_len <= 1455:
         return 'cuda_prefill_staged.r64s4'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
     if mean_seq_len <= 26 and 2314 < max_seq_len <= 3904:
         return 'cuda_prefill_staged.r64s4'
-    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
     if mean_seq_len <= 37 and max_seq_len > 3904:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 8 workloads, 1.62x (1.50x .. 1.78x) over vllm_flashinfer_prefill
+    # region 16: 8 workloads, 1.62x (1.50x .. 1.78x) over vllm_flashinfer_prefill
     if 1 < mean_seq_len <= 3 and max_seq_len <= 10:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 2 workloads, 1.57x (1.56x .. 1.59x) over vllm_flashinfer_prefill
+    # region 17: 2 workloads, 1.58x (1.56x .. 1.59x) over vllm_flashinfer_prefill
     if 1 < mean_seq_len <= 3 and 10 < max_seq_len <= 898:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 64 workloads, 1.38x (1.04x .. 4.45x) over vllm_flashinfer_prefill
+    # region 18: 64 workloads, 1.38x (1.04x .. 4.48x) over vllm_flashinfer_prefill
     if 3 < mean_seq_len <= 37 and max_seq_len <= 898:
         return 'cuda_prefill_staged.r64s4'
-    # region 21: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 19: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 26 < mean_seq_len <= 37 and 898 < max_seq_len <= 901:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if 26 < mean_seq_len <= 37 and 901 < max_seq_len <= 1105:
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if 26 < mean_seq_len <= 37 and 901 < max_seq_len <= 1455:
         return 'cuda_prefill_staged.r64s4'
-    # region 24: 7 workloads, the baseline; its stand-ins where it cannot run here
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 3 and 37 < mean_seq_len <= 53 and max_seq_len <= 64:
+        return 'cuda_prefill_staged.r64s4'
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 3 and mean_seq_len > 37 and 64 < max_seq_len <= 83:
+        return 'cuda_prefill_staged.r64s4'
+    # region 24: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 3 and mean_seq_len > 37 and 83 < max_seq_len <= 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 3 and mean_seq_len > 53 and max_seq_len <= 64:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 26: 7 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 3 and mean_seq_len > 608 and max_seq_len > 333:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 304 and mean_seq_len <= 1 and max_seq_len <= 43:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 304 and mean_seq_len <= 1 and 43 < max_seq_len <= 898:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 27: 1 workloads, 2.39x (2.39x .. 2.39x) over vllm_flashinfer_prefill
+    # region 29: 1 workloads, 2.39x (2.39x .. 2.39x) over vllm_flashinfer_prefill
     if total_seq_len > 608 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len <= 692:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 608 and num_seqs > 3 and 37 < mean_seq_len <= 53 and max_seq_len <= 90:
-        return 'cuda_prefill_staged.r64s4'
-    # region 29: 2 workloads, 1.05x (1.04x .. 1.05x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 608 and num_seqs > 3 and mean_seq_len > 53 and max_seq_len <= 90:
-        return 'cuda_prefill_staged.r64s4'
     # region 30: 18 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 738 and num_seqs > 3 and 53 < mean_seq_len <= 291 and max_seq_len > 333:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    # region 31: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 861 < total_seq_len <= 1217 and num_seqs > 3 and mean_seq_len > 53 and 90 < max_seq_len <= 333:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 861 and num_seqs > 3 and 37 < mean_seq_len <= 53 and 90 < max_seq_len <= 333:
         return 'cuda_prefill_staged.r64s4'
-    # region 32: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 861 and num_seqs > 3 and mean_seq_len > 53 and 90 < max_seq_len <= 333:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 33: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 1217 and num_seqs <= 3 and 37 < mean_seq_len <= 736 and max_seq_len > 692:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
-    # region 34: 7 workloads, the baseline; its stand-ins where it cannot run here
+    # region 34: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1217 and num_seqs > 3 and 53 < mean_seq_len <= 75 and 90 < max_seq_len <= 333:
+        return 'cuda_prefill_staged.r64s4'
+    # region 35: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1217 and num_seqs > 3 and mean_seq_len > 75 and 90 < max_seq_len <= 333:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 7 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1722 and num_seqs > 3 and 291 < mean_seq_len <= 608 and max_seq_len > 333:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    # region 37: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 1752 and num_seqs <= 3 and 736 < mean_seq_len <= 1491:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 37: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 39: 6 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2982 and num_seqs <= 3 and mean_seq_len > 1491:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -451,89 +453,89 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 1: 10 workloads, 5.51x (3.07x .. 12.47x) over vllm_flashinfer_prefill
     if total_seq_len <= 48 and num_seqs <= 5:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 2 workloads, 4.15x (4.12x .. 4.17x) over vllm_flashinfer_prefill
-    if total_seq_len <= 48 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 5:
+    # region 2: 3 workloads, 3.80x (3.19x .. 4.17x) over vllm_flashinfer_prefill
+    if total_seq_len <= 48 and num_seqs > 5 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 1 workloads, 3.25x (3.25x .. 3.25x) over vllm_flashinfer_prefill
-    if total_seq_len <= 48 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 5:
+    # region 3: 3 workloads, 3.15x (2.82x .. 3.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 48 and num_seqs > 5 and max_seq_len > 6:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 1 workloads, 3.19x (3.19x .. 3.19x) over vllm_flashinfer_prefill
-    if total_seq_len <= 48 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 2 workloads, 3.10x (2.82x .. 3.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 48 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len > 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 2 workloads, 7.86x (7.77x .. 7.94x) over vllm_flashinfer_prefill
-    if 48 < total_seq_len <= 89 and max_seq_len > 63:
-        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 2 workloads, 2.59x (2.36x .. 2.83x) over vllm_flashinfer_prefill
-    if 48 < total_seq_len <= 178 and mean_seq_len <= 2 and max_seq_len <= 12:
+    # region 4: 2 workloads, 2.59x (2.36x .. 2.83x) over vllm_flashinfer_prefill
+    if 48 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len <= 12:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if 48 < total_seq_len <= 178 and mean_seq_len <= 2 and 12 < max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 12 workloads, 3.19x (1.75x .. 4.37x) over vllm_flashinfer_prefill
-    if 48 < total_seq_len <= 178 and mean_seq_len > 2 and max_seq_len <= 42:
+    # region 5: 1 workloads, 2.36x (2.36x .. 2.36x) over vllm_flashinfer_prefill
+    if 48 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len > 12:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 12 workloads, 3.25x (1.75x .. 4.37x) over vllm_flashinfer_prefill
+    if 48 < total_seq_len <= 150 and mean_seq_len > 2 and max_seq_len <= 57:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 2 workloads, 3.75x (3.68x .. 3.82x) over vllm_flashinfer_prefill
-    if 48 < total_seq_len <= 178 and mean_seq_len > 2 and 42 < max_seq_len <= 63:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 6 workloads, 2.55x (1.33x .. 6.77x) over vllm_flashinfer_prefill
-    if 89 < total_seq_len <= 178 and max_seq_len > 63:
+    # region 7: 8 workloads, 3.06x (1.13x .. 8.62x) over vllm_flashinfer_prefill
+    if 48 < total_seq_len <= 150 and mean_seq_len > 2 and max_seq_len > 57:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if 178 < total_seq_len <= 430 and mean_seq_len <= 3 and max_seq_len <= 58:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if 178 < total_seq_len <= 430 and mean_seq_len <= 3 and max_seq_len > 58:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 84 workloads, 2.74x (1.18x .. 9.08x) over vllm_flashinfer_prefill
-    if 178 < total_seq_len <= 3821 and mean_seq_len > 3:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 2 workloads, 2.38x (2.29x .. 2.48x) over vllm_flashinfer_prefill
-    if 430 < total_seq_len <= 559 and mean_seq_len <= 3 and max_seq_len <= 22:
+    # region 8: 3 workloads, 2.26x (2.06x .. 2.39x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 319 and mean_seq_len <= 6 and max_seq_len <= 58:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 1 workloads, 2.08x (2.08x .. 2.08x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 319 and mean_seq_len <= 6 and max_seq_len > 58:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 14 workloads, 2.47x (1.12x .. 5.68x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 319 and mean_seq_len > 6:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 11: 2 workloads, 2.38x (2.29x .. 2.48x) over vllm_flashinfer_prefill
+    if 319 < total_seq_len <= 559 and mean_seq_len <= 3 and max_seq_len <= 45:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 1 workloads, 2.07x (2.07x .. 2.07x) over vllm_flashinfer_prefill
-    if 430 < total_seq_len <= 559 and mean_seq_len <= 3 and max_seq_len > 22:
+    # region 12: 1 workloads, 1.90x (1.90x .. 1.90x) over vllm_flashinfer_prefill
+    if 319 < total_seq_len <= 559 and mean_seq_len <= 3 and 45 < max_seq_len <= 4095:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 1 workloads, 2.35x (2.35x .. 2.35x) over vllm_flashinfer_prefill
-    if 559 < total_seq_len <= 3821 and mean_seq_len <= 3 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if 559 < total_seq_len <= 3821 and mean_seq_len <= 3 and max_seq_len > 11:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill
-    if 3821 < total_seq_len <= 7968 and num_seqs <= 1:
-        return 'cuda_prefill_staged.r32s4'
-    # region 20: 2 workloads, 1.96x (1.84x .. 2.09x) over vllm_flashinfer_prefill
-    if 3821 < total_seq_len <= 7968 and num_seqs > 1:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 6 workloads, 1.73x (1.48x .. 2.21x) over vllm_flashinfer_prefill
-    if 7968 < total_seq_len <= 17695 and max_seq_len <= 810:
+    # region 13: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 319 < total_seq_len <= 4871 and max_seq_len > 4095:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 14: 69 workloads, 2.39x (1.50x .. 5.77x) over vllm_flashinfer_prefill
+    if 319 < total_seq_len <= 7968 and mean_seq_len > 3 and max_seq_len <= 4095:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 13 workloads, 1.40x (1.15x .. 1.62x) over vllm_flashinfer_prefill
-    if 7968 < total_seq_len <= 18754 and mean_seq_len <= 2435 and max_seq_len > 810:
+    # region 15: 1 workloads, 2.35x (2.35x .. 2.35x) over vllm_flashinfer_prefill
+    if 559 < total_seq_len <= 7968 and mean_seq_len <= 3 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if 559 < total_seq_len <= 7968 and mean_seq_len <= 3 and 11 < max_seq_len <= 4095:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if 4871 < total_seq_len <= 7968 and max_seq_len > 4095:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 18: 4 workloads, 1.94x (1.72x .. 2.21x) over vllm_flashinfer_prefill
+    if 7968 < total_seq_len <= 13777 and num_seqs <= 22 and mean_seq_len <= 6888 and max_seq_len > 3702:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 5 workloads, 1.51x (1.26x .. 1.62x) over vllm_flashinfer_prefill
+    if 7968 < total_seq_len <= 13777 and num_seqs <= 45 and mean_seq_len <= 6888 and 810 < max_seq_len <= 3702:
         return 'flashinfer_direct'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if 7968 < total_seq_len <= 18754 and 2435 < mean_seq_len <= 6888 and max_seq_len > 810:
-        return 'cuda_prefill_staged.r64s4'
-    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7968 and mean_seq_len > 6888 and max_seq_len > 810:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 17695 and mean_seq_len <= 107 and max_seq_len <= 810:
+    # region 20: 4 workloads, 1.22x (1.15x .. 1.39x) over vllm_flashinfer_prefill
+    if 7968 < total_seq_len <= 13777 and num_seqs > 22 and mean_seq_len <= 6888 and max_seq_len > 3702:
+        return 'flashinfer_direct'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if 7968 < total_seq_len <= 13777 and num_seqs > 45 and mean_seq_len <= 6888 and 810 < max_seq_len <= 3702:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 5 workloads, 1.64x (1.46x .. 1.99x) over vllm_flashinfer_prefill
+    if 7968 < total_seq_len <= 17695 and mean_seq_len <= 6888 and 107 < max_seq_len <= 810:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill
+    if total_seq_len > 7968 and mean_seq_len <= 6888 and max_seq_len <= 107:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 2 workloads, 1.18x (1.12x .. 1.24x) over vllm_flashinfer_prefill
-    if total_seq_len > 17695 and mean_seq_len > 107 and max_seq_len <= 810:
+    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7968 and mean_seq_len > 6888:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
+    if total_seq_len > 13777 and mean_seq_len <= 1722 and 810 < max_seq_len <= 23146:
         return 'flashinfer_direct'
-    # region 27: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
-    if total_seq_len > 18754 and mean_seq_len <= 6888 and 810 < max_seq_len <= 11585:
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 13777 and 1722 < mean_seq_len <= 6888 and 810 < max_seq_len <= 16378:
+        return 'flashinfer_direct'
+    # region 29: 2 workloads, 1.18x (1.12x .. 1.24x) over vllm_flashinfer_prefill
+    if total_seq_len > 17695 and mean_seq_len <= 6888 and 107 < max_seq_len <= 810:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len > 608 and num_seqs > 3 and mean_seq_len > 53 and max_seq_len <= 90:  # region 29
+    if total_seq_len > 1217 and num_seqs > 3 and 53 < mean_seq_len <= 75 and 90 < max_seq_len <= 333:  # region 34
         return True
     return False

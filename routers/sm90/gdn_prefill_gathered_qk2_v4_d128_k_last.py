@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-03T13:17:00Z
+# measured    up to 2026-12-03T15:08:10Z
 # workloads   156 (workload-set digest 36aefc59b959ec9a)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -18,8 +18,8 @@
 #   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  94/149  1.22x  [55 screened out]
 #   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  101/149  1.23x  [48 screened out]
 #   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  107/149  1.25x  [42 screened out]
-#   cuda_prefill_staged.r32s4       c8ecfe249509d4b6  150/156  2.08x  [6 screened out]
-#   cuda_prefill_staged.r64s4       a4daa1bd24a6d1bb  149/156  2.03x  [7 screened out]
+#   cuda_prefill_staged.r32s4       eedc6b05bc679849  155/156  1.95x  [1 screened out]
+#   cuda_prefill_staged.r64s4       7341a0938140ddfb  154/156  1.91x  [2 screened out]
 #   flashinfer_direct               755eb6578bd0a1f3  153/156  1.78x  [3 screened out]
 #   triton_prefill_chunked.v64      91b329a0e287a87d  125/156  1.07x  [31 screened out]
 #   triton_prefill_fused.c16v32     6adb950fad8337e7  138/156  1.39x  [18 screened out]
@@ -48,50 +48,49 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 18.94% mean, 263.80% max;
-#             1.431x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 13.27% mean, 173.50% max;
-#             4.066x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 18.98% mean, 263.80% max;
+#             1.430x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 15.07% mean, 178.37% max;
+#             3.655x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 31 and mean_seq_len <= 30: cuda_prefill_pool_rows.k16c8, 11 workloads, 6.53x (1.49x .. 9.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 1874 and 245 < mean_seq_len <= 598: cuda_prefill_staged.r32s4, 10 workloads, 1.97x (1.26x .. 2.96x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 1874 and 245 < mean_seq_len <= 598: cuda_prefill_staged.r32s4, 10 workloads, 1.97x (1.26x .. 2.97x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   3. total_seq_len <= 1874 and mean_seq_len > 598: cuda_prefill_cp.p4, 2 workloads, 1.45x (1.42x .. 1.48x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p8
-#   4. num_seqs <= 22 and 30 < mean_seq_len <= 245: cuda_prefill_staged.r32s4, 37 workloads, 3.22x (1.19x .. 5.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   4. num_seqs <= 22 and 30 < mean_seq_len <= 245: cuda_prefill_staged.r32s4, 37 workloads, 3.22x (1.19x .. 5.59x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
 #   5. 22 < num_seqs <= 35 and 30 < mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   6. num_seqs > 35 and 64 < mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
 #   7. num_seqs > 45 and 30 < mean_seq_len <= 64: cuda_prefill_staged.r64s4, 6 workloads, 1.13x (1.05x .. 1.21x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
 #   8. 31 < total_seq_len <= 72 and mean_seq_len <= 30: triton_prefill_fused.c16v32, 13 workloads, 5.47x (3.24x .. 7.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
-#   9. total_seq_len > 72 and num_seqs <= 96 and mean_seq_len <= 22: cuda_prefill_staged.r32s4, 26 workloads, 2.00x (1.08x .. 6.11x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len > 72 and num_seqs > 96 and mean_seq_len <= 30: cuda_prefill_staged.r64s4, 11 workloads, 1.38x (1.15x .. 1.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   9. total_seq_len > 72 and num_seqs <= 96 and mean_seq_len <= 22: cuda_prefill_staged.r32s4, 26 workloads, 1.99x (1.08x .. 6.11x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len > 72 and num_seqs > 96 and mean_seq_len <= 30: cuda_prefill_staged.r64s4, 11 workloads, 1.37x (1.14x .. 1.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
 #   11. 1874 < total_seq_len <= 4096 and 245 < mean_seq_len <= 596: cuda_prefill_cp.p16, 6 workloads, 1.75x (1.46x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p8
 #   12. 1874 < total_seq_len <= 13511 and mean_seq_len > 596: cuda_prefill_cp.p8, 12 workloads, 1.31x (1.06x .. 1.73x) over vllm_flashinfer_prefill
 #   13. total_seq_len > 4096 and 245 < mean_seq_len <= 596: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   14. total_seq_len > 13511 and mean_seq_len > 596: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 361 and num_seqs > 14 and mean_seq_len <= 11: cuda_prefill_pool_rows.k8c8, 15 workloads, 5.43x (2.15x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 2464 and num_seqs <= 14 and mean_seq_len <= 39: cuda_prefill_pool_rows.k8c8, 30 workloads, 7.53x (2.33x .. 14.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 2464 and num_seqs <= 14 and mean_seq_len > 39: cuda_prefill_staged.r32s4, 40 workloads, 6.32x (2.54x .. 10.82x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 2464 and num_seqs > 14 and mean_seq_len > 11: cuda_prefill_staged.r64s4, 27 workloads, 4.23x (1.76x .. 10.08x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, flashinfer_direct
-#   5. 361 < total_seq_len <= 2464 and num_seqs > 14 and mean_seq_len <= 11: cuda_prefill_staged.r64s4, 13 workloads, 2.54x (1.64x .. 3.57x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   6. 2464 < total_seq_len <= 11585 and num_seqs <= 1: cuda_prefill_cp.p8, 4 workloads, 3.04x (2.23x .. 4.32x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4
-#   7. total_seq_len > 2464 and 1 < num_seqs <= 22: cuda_prefill_cp.p16, 11 workloads, 3.38x (1.81x .. 5.42x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   8. total_seq_len > 2464 and 22 < num_seqs <= 49: cuda_prefill_staged.r32s4, 4 workloads, 2.34x (1.87x .. 3.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct
-#   9. total_seq_len > 2464 and 49 < num_seqs <= 101: cuda_prefill_cp.p16, 4 workloads, 2.57x (1.57x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len > 2464 and num_seqs > 101: cuda_prefill_staged.r64s4, 6 workloads, 2.10x (1.69x .. 3.29x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   11. total_seq_len > 11585 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   1. total_seq_len <= 362 and num_seqs > 21 and mean_seq_len <= 167: cuda_prefill_pool_rows.k8c8, 9 workloads, 3.50x (2.15x .. 6.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 1653 and mean_seq_len > 844: cuda_prefill_staged.r32s4, 2 workloads, 4.47x (3.70x .. 5.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 4859 and 167 < mean_seq_len <= 844: cuda_prefill_staged.r32s4, 18 workloads, 5.01x (3.63x .. 6.70x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   4. num_seqs <= 21 and mean_seq_len <= 51: cuda_prefill_pool_rows.k8c8, 43 workloads, 7.40x (2.28x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. num_seqs <= 21 and 51 < mean_seq_len <= 167: cuda_prefill_staged.r64s4, 24 workloads, 5.33x (3.04x .. 9.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len > 362 and num_seqs > 21 and mean_seq_len <= 167: cuda_prefill_staged.r64s4, 38 workloads, 2.32x (1.58x .. 4.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   7. 1653 < total_seq_len <= 5792 and mean_seq_len > 844: cuda_prefill_cp.p8, 4 workloads, 3.29x (2.23x .. 4.32x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   8. total_seq_len > 4859 and 167 < mean_seq_len <= 844: cuda_prefill_cp.p16, 8 workloads, 2.77x (1.57x .. 5.42x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4
+#   9. total_seq_len > 5792 and 844 < mean_seq_len <= 11608: cuda_prefill_cp.p16, 8 workloads, 3.19x (1.81x .. 5.30x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   10. total_seq_len > 5792 and mean_seq_len > 11608: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 30), 'total_seq_len': (None, 31)}, 'workloads': 11, 'speedup': (1.49, 6.53, 9.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (245, 598), 'total_seq_len': (None, 1874)}, 'workloads': 10, 'speedup': (1.26, 1.97, 2.96), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (245, 598), 'total_seq_len': (None, 1874)}, 'workloads': 10, 'speedup': (1.26, 1.97, 2.97), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (598, None), 'total_seq_len': (None, 1874)}, 'workloads': 2, 'speedup': (1.42, 1.45, 1.48), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (30, 245), 'num_seqs': (None, 22)}, 'workloads': 37, 'speedup': (1.19, 3.22, 5.63), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (30, 245), 'num_seqs': (None, 22)}, 'workloads': 37, 'speedup': (1.19, 3.22, 5.59), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (30, 245), 'num_seqs': (22, 35)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
     {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (64, 245), 'num_seqs': (35, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
     {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (30, 64), 'num_seqs': (45, None)}, 'workloads': 6, 'speedup': (1.05, 1.13, 1.21), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
     {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 30), 'total_seq_len': (31, 72)}, 'workloads': 13, 'speedup': (3.24, 5.47, 7.31), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (None, 96), 'total_seq_len': (72, None)}, 'workloads': 26, 'speedup': (1.08, 2.0, 6.11), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (96, None), 'total_seq_len': (72, None)}, 'workloads': 11, 'speedup': (1.15, 1.38, 1.5), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (None, 96), 'total_seq_len': (72, None)}, 'workloads': 26, 'speedup': (1.08, 1.99, 6.11), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (96, None), 'total_seq_len': (72, None)}, 'workloads': 11, 'speedup': (1.14, 1.37, 1.5), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
     {'region': 11, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (245, 596), 'total_seq_len': (1874, 4096)}, 'workloads': 6, 'speedup': (1.46, 1.75, 2.64), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8')},
     {'region': 12, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (596, None), 'total_seq_len': (1874, 13511)}, 'workloads': 12, 'speedup': (1.06, 1.31, 1.73), 'fallbacks': ()},
     {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, 596), 'total_seq_len': (4096, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
@@ -99,17 +98,16 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (14, None), 'total_seq_len': (None, 361)}, 'workloads': 15, 'speedup': (2.15, 5.43, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 39), 'num_seqs': (None, 14), 'total_seq_len': (None, 2464)}, 'workloads': 30, 'speedup': (2.33, 7.53, 14.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (39, None), 'num_seqs': (None, 14), 'total_seq_len': (None, 2464)}, 'workloads': 40, 'speedup': (2.54, 6.32, 10.82), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (14, None), 'total_seq_len': (None, 2464)}, 'workloads': 27, 'speedup': (1.76, 4.23, 10.08), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (14, None), 'total_seq_len': (361, 2464)}, 'workloads': 13, 'speedup': (1.64, 2.54, 3.57), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (2464, 11585)}, 'workloads': 4, 'speedup': (2.23, 3.04, 4.32), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
-    {'region': 7, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'num_seqs': (1, 22), 'total_seq_len': (2464, None)}, 'workloads': 11, 'speedup': (1.81, 3.38, 5.42), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (22, 49), 'total_seq_len': (2464, None)}, 'workloads': 4, 'speedup': (1.87, 2.34, 3.62), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct')},
-    {'region': 9, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'num_seqs': (49, 101), 'total_seq_len': (2464, None)}, 'workloads': 4, 'speedup': (1.57, 2.57, 3.64), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (101, None), 'total_seq_len': (2464, None)}, 'workloads': 6, 'speedup': (1.69, 2.1, 3.29), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 167), 'num_seqs': (21, None), 'total_seq_len': (None, 362)}, 'workloads': 9, 'speedup': (2.15, 3.5, 6.28), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (844, None), 'total_seq_len': (None, 1653)}, 'workloads': 2, 'speedup': (3.7, 4.47, 5.41), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (167, 844), 'total_seq_len': (None, 4859)}, 'workloads': 18, 'speedup': (3.63, 5.01, 6.7), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 51), 'num_seqs': (None, 21)}, 'workloads': 43, 'speedup': (2.28, 7.4, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (51, 167), 'num_seqs': (None, 21)}, 'workloads': 24, 'speedup': (3.04, 5.33, 9.14), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 167), 'num_seqs': (21, None), 'total_seq_len': (362, None)}, 'workloads': 38, 'speedup': (1.58, 2.32, 4.98), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (844, None), 'total_seq_len': (1653, 5792)}, 'workloads': 4, 'speedup': (2.23, 3.29, 4.32), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (167, 844), 'total_seq_len': (4859, None)}, 'workloads': 8, 'speedup': (1.57, 2.77, 5.42), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4')},
+    {'region': 9, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (844, 11608), 'total_seq_len': (5792, None)}, 'workloads': 8, 'speedup': (1.81, 3.19, 5.3), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11608, None), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -121,13 +119,13 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 1: 11 workloads, 6.53x (1.49x .. 9.27x) over vllm_flashinfer_prefill
     if total_seq_len <= 31 and mean_seq_len <= 30:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 10 workloads, 1.97x (1.26x .. 2.96x) over vllm_flashinfer_prefill
+    # region 2: 10 workloads, 1.97x (1.26x .. 2.97x) over vllm_flashinfer_prefill
     if total_seq_len <= 1874 and 245 < mean_seq_len <= 598:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
     # region 3: 2 workloads, 1.45x (1.42x .. 1.48x) over vllm_flashinfer_prefill
     if total_seq_len <= 1874 and mean_seq_len > 598:
         return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
-    # region 4: 37 workloads, 3.22x (1.19x .. 5.63x) over vllm_flashinfer_prefill
+    # region 4: 37 workloads, 3.22x (1.19x .. 5.59x) over vllm_flashinfer_prefill
     if num_seqs <= 22 and 30 < mean_seq_len <= 245:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
     # region 5: 6 workloads, the baseline; its stand-ins where it cannot run here
@@ -142,10 +140,10 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 8: 13 workloads, 5.47x (3.24x .. 7.31x) over vllm_flashinfer_prefill
     if 31 < total_seq_len <= 72 and mean_seq_len <= 30:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 26 workloads, 2.00x (1.08x .. 6.11x) over vllm_flashinfer_prefill
+    # region 9: 26 workloads, 1.99x (1.08x .. 6.11x) over vllm_flashinfer_prefill
     if total_seq_len > 72 and num_seqs <= 96 and mean_seq_len <= 22:
         return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 10: 11 workloads, 1.38x (1.15x .. 1.50x) over vllm_flashinfer_prefill
+    # region 10: 11 workloads, 1.37x (1.14x .. 1.50x) over vllm_flashinfer_prefill
     if total_seq_len > 72 and num_seqs > 96 and mean_seq_len <= 30:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
     # region 11: 6 workloads, 1.75x (1.46x .. 2.64x) over vllm_flashinfer_prefill
@@ -166,38 +164,35 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 15 workloads, 5.43x (2.15x .. 15.34x) over vllm_flashinfer_prefill
-    if total_seq_len <= 361 and num_seqs > 14 and mean_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 30 workloads, 7.53x (2.33x .. 14.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2464 and num_seqs <= 14 and mean_seq_len <= 39:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 40 workloads, 6.32x (2.54x .. 10.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2464 and num_seqs <= 14 and mean_seq_len > 39:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 4: 27 workloads, 4.23x (1.76x .. 10.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2464 and num_seqs > 14 and mean_seq_len > 11:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 13 workloads, 2.54x (1.64x .. 3.57x) over vllm_flashinfer_prefill
-    if 361 < total_seq_len <= 2464 and num_seqs > 14 and mean_seq_len <= 11:
+    # region 1: 9 workloads, 3.50x (2.15x .. 6.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 21 and mean_seq_len <= 167:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 2 workloads, 4.47x (3.70x .. 5.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1653 and mean_seq_len > 844:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 3: 18 workloads, 5.01x (3.63x .. 6.70x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4859 and 167 < mean_seq_len <= 844:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 4: 43 workloads, 7.40x (2.28x .. 15.34x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and mean_seq_len <= 51:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 24 workloads, 5.33x (3.04x .. 9.14x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and 51 < mean_seq_len <= 167:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 38 workloads, 2.32x (1.58x .. 4.98x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs > 21 and mean_seq_len <= 167:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 4 workloads, 3.04x (2.23x .. 4.32x) over vllm_flashinfer_prefill
-    if 2464 < total_seq_len <= 11585 and num_seqs <= 1:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 7: 11 workloads, 3.38x (1.81x .. 5.42x) over vllm_flashinfer_prefill
-    if total_seq_len > 2464 and 1 < num_seqs <= 22:
+    # region 7: 4 workloads, 3.29x (2.23x .. 4.32x) over vllm_flashinfer_prefill
+    if 1653 < total_seq_len <= 5792 and mean_seq_len > 844:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
+    # region 8: 8 workloads, 2.77x (1.57x .. 5.42x) over vllm_flashinfer_prefill
+    if total_seq_len > 4859 and 167 < mean_seq_len <= 844:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_cp.p16'
+    # region 9: 8 workloads, 3.19x (1.81x .. 5.30x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and 844 < mean_seq_len <= 11608:
         return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
-    # region 8: 4 workloads, 2.34x (1.87x .. 3.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 2464 and 22 < num_seqs <= 49:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 9: 4 workloads, 2.57x (1.57x .. 3.64x) over vllm_flashinfer_prefill
-    if total_seq_len > 2464 and 49 < num_seqs <= 101:
-        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
-    # region 10: 6 workloads, 2.10x (1.69x .. 3.29x) over vllm_flashinfer_prefill
-    if total_seq_len > 2464 and num_seqs > 101:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and num_seqs <= 1:
+    # region 10: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and mean_seq_len > 11608:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -207,143 +202,151 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.93% mean, 47.35% max;
-#             1.880x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.14% mean, 112.48% max;
-#             4.508x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.85% mean, 46.95% max;
+#             1.880x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.92% mean, 77.01% max;
+#             4.162x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 215 and num_seqs > 45 and 7 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   2. total_seq_len <= 861 and num_seqs <= 11 and max_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 9 workloads, 8.28x (7.10x .. 9.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   3. total_seq_len <= 861 and num_seqs <= 22 and 8 < max_seq_len <= 23: triton_prefill_fused.c16v32, 10 workloads, 6.76x (5.97x .. 7.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   4. total_seq_len <= 861 and 23 < max_seq_len <= 1177: cuda_prefill_staged.r32s4, 49 workloads, 2.91x (1.11x .. 5.63x) over vllm_flashinfer_prefill
-#   5. total_seq_len <= 861 and 11 < num_seqs <= 45 and max_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 3 workloads, 4.76x (1.66x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 861 and num_seqs > 22 and 8 < max_seq_len <= 23: cuda_prefill_staged.r64s4, 3 workloads, 1.27x (1.10x .. 1.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   7. total_seq_len <= 861 and num_seqs > 45 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.63x (1.54x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   8. total_seq_len <= 9741 and num_seqs <= 5 and mean_seq_len > 4870 and max_seq_len > 8191: cuda_prefill_cp.p8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill
-#   9. total_seq_len <= 19483 and num_seqs <= 5 and 2432 < max_seq_len <= 8191: cuda_prefill_cp.p8, 5 workloads, 1.23x (1.06x .. 1.36x) over vllm_flashinfer_prefill
-#   10. total_seq_len <= 27554 and 1177 < max_seq_len <= 2432: cuda_prefill_cp.p16, 12 workloads, 1.47x (1.17x .. 1.84x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   11. num_seqs <= 5 and mean_seq_len <= 4870 and max_seq_len > 8191: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8
-#   12. num_seqs > 5 and mean_seq_len <= 3444 and max_seq_len > 2432: cuda_prefill_cp.p16, 6 workloads, 2.22x (1.20x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   13. num_seqs > 5 and mean_seq_len > 3444 and 2432 < max_seq_len <= 7170: vllm_flashinfer_prefill (baseline), 0 workloads
-#   14. num_seqs > 5 and mean_seq_len > 3444 and max_seq_len > 7170: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it)
-#   15. 215 < total_seq_len <= 861 and num_seqs > 45 and 7 < max_seq_len <= 8: cuda_prefill_staged.r64s4, 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4
-#   16. 861 < total_seq_len <= 1722 and mean_seq_len <= 18 and 636 < max_seq_len <= 1177: cuda_prefill_staged.r32s4, 2 workloads, 1.18x (1.13x .. 1.24x) over vllm_flashinfer_prefill
-#   17. 861 < total_seq_len <= 1722 and mean_seq_len > 18 and 636 < max_seq_len <= 1177: cuda_prefill_cp.p8, 6 workloads, 1.52x (1.13x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
-#   18. 861 < total_seq_len <= 1722 and num_seqs > 90 and 140 < max_seq_len <= 636: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it)
-#   19. 861 < total_seq_len <= 1874 and num_seqs <= 90 and 126 < max_seq_len <= 636: cuda_prefill_staged.r32s4, 9 workloads, 2.69x (1.56x .. 4.17x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. 861 < total_seq_len <= 4871 and num_seqs > 90 and max_seq_len <= 140: cuda_prefill_staged.r64s4, 4 workloads, 1.44x (1.41x .. 1.48x) over vllm_flashinfer_prefill
-#   21. total_seq_len > 861 and num_seqs <= 45 and max_seq_len <= 126: flashinfer_direct, 4 workloads, 1.67x (1.09x .. 5.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   22. total_seq_len > 861 and 45 < num_seqs <= 90 and max_seq_len <= 126: cuda_prefill_staged.r64s4, 4 workloads, 1.21x (1.13x .. 1.28x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. 1722 < total_seq_len <= 6888 and num_seqs <= 90 and 636 < max_seq_len <= 1177: cuda_prefill_cp.p16, 2 workloads, 1.68x (1.56x .. 1.82x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   24. 1722 < total_seq_len <= 6888 and num_seqs > 90 and 636 < max_seq_len <= 1177: vllm_flashinfer_prefill (baseline), 0 workloads
-#   25. total_seq_len > 1722 and num_seqs > 90 and 140 < max_seq_len <= 636: cuda_prefill_staged.r64s4, 2 workloads, 1.17x (1.16x .. 1.19x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
-#   26. total_seq_len > 1874 and num_seqs <= 90 and 126 < max_seq_len <= 636: flashinfer_direct, 10 workloads, 2.12x (1.03x .. 5.19x) over vllm_flashinfer_prefill
-#   27. total_seq_len > 4871 and num_seqs > 90 and max_seq_len <= 140: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
-#   28. total_seq_len > 6888 and num_seqs <= 45 and 762 < max_seq_len <= 1177: flashinfer_direct, 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   29. total_seq_len > 6888 and mean_seq_len <= 304 and 636 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   30. total_seq_len > 6888 and mean_seq_len > 304 and 636 < max_seq_len <= 762: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   31. total_seq_len > 6888 and num_seqs > 45 and 762 < max_seq_len <= 1177: vllm_flashinfer_prefill (baseline), 0 workloads
-#   32. total_seq_len > 9741 and num_seqs <= 5 and mean_seq_len > 4870 and max_seq_len > 8191: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   33. total_seq_len > 19483 and num_seqs <= 5 and 2432 < max_seq_len <= 8191: vllm_flashinfer_prefill (baseline), 0 workloads
-#   34. total_seq_len > 27554 and num_seqs <= 45 and 1177 < max_seq_len <= 2432: vllm_flashinfer_prefill (baseline), 0 workloads
-#   35. total_seq_len > 27554 and num_seqs > 45 and 1177 < max_seq_len <= 2432: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it)
+#   1. total_seq_len <= 27 and num_seqs <= 21 and mean_seq_len <= 22 and max_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 7 workloads, 8.45x (7.49x .. 9.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   2. total_seq_len <= 861 and num_seqs <= 181 and mean_seq_len <= 22 and 86 < max_seq_len <= 402: cuda_prefill_staged.r32s4, 4 workloads, 3.10x (1.31x .. 4.70x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   3. total_seq_len <= 1722 and num_seqs > 181 and mean_seq_len <= 22 and 244 < max_seq_len <= 1177: cuda_prefill_staged.r32s4, 2 workloads, 1.31x (1.24x .. 1.39x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 2435 and num_seqs <= 181 and mean_seq_len <= 22 and 402 < max_seq_len <= 1177: cuda_prefill_staged.r32s4, 3 workloads, 1.14x (1.11x .. 1.18x) over vllm_flashinfer_prefill
+#   5. total_seq_len <= 2435 and num_seqs > 181 and mean_seq_len <= 22 and 86 < max_seq_len <= 244: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   6. total_seq_len <= 4871 and num_seqs <= 22 and mean_seq_len > 22 and 740 < max_seq_len <= 798: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 6888 and num_seqs <= 22 and mean_seq_len > 22 and 798 < max_seq_len <= 1177: cuda_prefill_cp.p8, 7 workloads, 1.63x (1.48x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
+#   8. total_seq_len <= 6888 and 22 < num_seqs <= 90 and mean_seq_len > 22 and 636 < max_seq_len <= 1177: cuda_prefill_cp.p16, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, flashinfer_direct
+#   9. total_seq_len <= 6888 and num_seqs > 90 and mean_seq_len > 22 and 636 < max_seq_len <= 1177: vllm_flashinfer_prefill (baseline), 0 workloads
+#   10. total_seq_len <= 9741 and num_seqs <= 5 and mean_seq_len > 4870 and max_seq_len > 8191: cuda_prefill_cp.p8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill
+#   11. total_seq_len <= 19483 and num_seqs <= 5 and 2432 < max_seq_len <= 8191: cuda_prefill_cp.p8, 5 workloads, 1.23x (1.06x .. 1.36x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 27554 and 1177 < max_seq_len <= 2432: cuda_prefill_cp.p16, 12 workloads, 1.47x (1.17x .. 1.84x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   13. num_seqs <= 5 and mean_seq_len <= 4870 and max_seq_len > 8191: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8
+#   14. num_seqs <= 21 and mean_seq_len <= 22 and 8 < max_seq_len <= 23: triton_prefill_fused.c16v32, 10 workloads, 6.76x (5.97x .. 7.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   15. num_seqs <= 21 and mean_seq_len <= 22 and 23 < max_seq_len <= 86: cuda_prefill_staged.r32s4, 8 workloads, 4.74x (4.00x .. 5.64x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   16. num_seqs <= 22 and mean_seq_len > 22 and max_seq_len <= 740: cuda_prefill_staged.r32s4, 45 workloads, 3.15x (1.56x .. 5.59x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. num_seqs > 5 and mean_seq_len <= 3444 and max_seq_len > 2432: cuda_prefill_cp.p16, 6 workloads, 2.22x (1.20x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   18. num_seqs > 5 and mean_seq_len > 3444 and 2432 < max_seq_len <= 7170: vllm_flashinfer_prefill (baseline), 0 workloads
+#   19. num_seqs > 5 and mean_seq_len > 3444 and max_seq_len > 7170: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it)
+#   20. num_seqs > 21 and mean_seq_len <= 4 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.64x (1.46x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   21. num_seqs > 21 and mean_seq_len <= 22 and 8 < max_seq_len <= 86: cuda_prefill_staged.r64s4, 11 workloads, 1.28x (1.09x .. 1.49x) over vllm_flashinfer_prefill
+#   22. num_seqs > 21 and 4 < mean_seq_len <= 22 and max_seq_len <= 8: cuda_prefill_staged.r64s4, 2 workloads, 1.34x (1.27x .. 1.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   23. 22 < num_seqs <= 90 and mean_seq_len > 22 and 140 < max_seq_len <= 636: flashinfer_direct, 3 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
+#   24. 22 < num_seqs <= 181 and mean_seq_len > 22 and max_seq_len <= 140: flashinfer_direct, 6 workloads, 1.09x (1.03x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   25. num_seqs > 90 and mean_seq_len > 22 and 140 < max_seq_len <= 636: cuda_prefill_staged.r64s4, 2 workloads, 1.17x (1.16x .. 1.19x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
+#   26. num_seqs > 181 and mean_seq_len > 22 and max_seq_len <= 140: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
+#   27. total_seq_len > 27 and num_seqs <= 21 and mean_seq_len <= 22 and max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 4 workloads, 7.68x (6.72x .. 8.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   28. total_seq_len > 861 and num_seqs <= 181 and mean_seq_len <= 22 and 86 < max_seq_len <= 402: cuda_prefill_staged.r64s4, 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill
+#   29. total_seq_len > 1722 and num_seqs > 181 and mean_seq_len <= 22 and 244 < max_seq_len <= 1177: vllm_flashinfer_prefill (baseline), 0 workloads
+#   30. total_seq_len > 2435 and num_seqs <= 181 and mean_seq_len <= 22 and 402 < max_seq_len <= 1177: vllm_flashinfer_prefill (baseline), 0 workloads
+#   31. total_seq_len > 2435 and num_seqs > 181 and mean_seq_len <= 22 and 86 < max_seq_len <= 244: vllm_flashinfer_prefill (baseline), 0 workloads
+#   32. total_seq_len > 4871 and num_seqs <= 22 and mean_seq_len > 22 and 740 < max_seq_len <= 798: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4
+#   33. total_seq_len > 6888 and num_seqs <= 22 and mean_seq_len > 22 and 798 < max_seq_len <= 1177: flashinfer_direct, 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4
+#   34. total_seq_len > 6888 and num_seqs > 22 and 22 < mean_seq_len <= 608 and 636 < max_seq_len <= 1177: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   35. total_seq_len > 6888 and num_seqs > 22 and mean_seq_len > 608 and 636 < max_seq_len <= 1177: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 9741 and num_seqs <= 5 and mean_seq_len > 4870 and max_seq_len > 8191: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   37. total_seq_len > 19483 and num_seqs <= 5 and 2432 < max_seq_len <= 8191: vllm_flashinfer_prefill (baseline), 0 workloads
+#   38. total_seq_len > 27554 and num_seqs <= 45 and 1177 < max_seq_len <= 2432: vllm_flashinfer_prefill (baseline), 0 workloads
+#   39. total_seq_len > 27554 and num_seqs > 45 and 1177 < max_seq_len <= 2432: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it)
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 53 and num_seqs <= 21 and 18 < max_seq_len <= 41: cuda_prefill_staged.r64s4, 3 workloads, 9.11x (8.84x .. 9.57x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 215 and num_seqs > 21 and max_seq_len <= 30: cuda_prefill_pool_rows.k4c8, 3 workloads, 3.42x (2.41x .. 6.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 1217 and num_seqs > 21 and 30 < max_seq_len <= 724: cuda_prefill_staged.r64s4, 11 workloads, 2.87x (1.64x .. 4.12x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   4. total_seq_len <= 2109 and mean_seq_len > 709 and 1442 < max_seq_len <= 2024: cuda_prefill_staged.r32s4, 1 workloads, 5.67x (5.67x .. 5.67x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 2435 and num_seqs <= 11 and 1023 < max_seq_len <= 1442: cuda_prefill_staged.r32s4, 2 workloads, 6.31x (6.23x .. 6.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 3444 and num_seqs <= 21 and mean_seq_len > 169 and 362 < max_seq_len <= 724: cuda_prefill_staged.r32s4, 5 workloads, 6.60x (5.11x .. 9.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 6888 and num_seqs > 11 and mean_seq_len <= 152 and 724 < max_seq_len <= 1442: cuda_prefill_staged.r32s4, 4 workloads, 3.72x (2.99x .. 6.46x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   8. num_seqs <= 11 and 724 < max_seq_len <= 1023: cuda_prefill_staged.r32s4, 4 workloads, 6.09x (5.11x .. 6.83x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   9. num_seqs <= 21 and mean_seq_len <= 2 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 3 workloads, 11.81x (9.42x .. 15.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. num_seqs <= 21 and mean_seq_len <= 2 and 4 < max_seq_len <= 18: cuda_prefill_pool_rows.k8c8, 2 workloads, 9.01x (8.88x .. 9.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   11. num_seqs <= 21 and mean_seq_len <= 169 and 41 < max_seq_len <= 724: cuda_prefill_staged.r64s4, 35 workloads, 6.40x (2.40x .. 10.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   12. num_seqs <= 21 and mean_seq_len > 2 and max_seq_len <= 18: cuda_prefill_pool_rows.k8c8, 15 workloads, 9.09x (5.40x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. num_seqs <= 21 and mean_seq_len > 169 and 41 < max_seq_len <= 362: cuda_prefill_staged.r32s4, 7 workloads, 6.75x (5.62x .. 8.23x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   14. mean_seq_len <= 709 and 1442 < max_seq_len <= 1794: cuda_prefill_cp.p16, 3 workloads, 3.32x (2.61x .. 4.05x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   15. mean_seq_len <= 709 and 1794 < max_seq_len <= 2024: cuda_prefill_staged.r32s4, 5 workloads, 2.96x (1.83x .. 5.46x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32
-#   16. mean_seq_len <= 27554 and max_seq_len > 23169: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8
-#   17. 2024 < max_seq_len <= 23169: cuda_prefill_cp.p16, 17 workloads, 3.06x (1.46x .. 5.30x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   18. mean_seq_len > 27554 and max_seq_len > 23169: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
-#   19. 11 < num_seqs <= 22 and mean_seq_len > 152 and 724 < max_seq_len <= 1442: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   20. num_seqs > 22 and mean_seq_len > 152 and 724 < max_seq_len <= 1442: cuda_prefill_staged.r64s4, 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   21. total_seq_len > 53 and num_seqs <= 21 and 18 < max_seq_len <= 41: cuda_prefill_pool_rows.k8c8, 6 workloads, 8.57x (5.39x .. 12.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   22. 215 < total_seq_len <= 1217 and num_seqs > 21 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 11 workloads, 3.31x (2.20x .. 6.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   23. total_seq_len > 1217 and num_seqs > 21 and max_seq_len <= 724: cuda_prefill_staged.r64s4, 15 workloads, 2.81x (1.69x .. 5.11x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   24. total_seq_len > 2109 and mean_seq_len > 709 and 1442 < max_seq_len <= 2024: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   25. total_seq_len > 2435 and num_seqs <= 11 and 1023 < max_seq_len <= 1442: cuda_prefill_cp.p16, 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   26. total_seq_len > 3444 and num_seqs <= 21 and mean_seq_len > 169 and 362 < max_seq_len <= 724: cuda_prefill_staged.r64s4, 1 workloads, 8.13x (8.13x .. 8.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 6888 and 11 < num_seqs <= 181 and mean_seq_len <= 152 and 724 < max_seq_len <= 1442: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   28. total_seq_len > 6888 and num_seqs > 181 and mean_seq_len <= 152 and 724 < max_seq_len <= 1442: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 215 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 8 workloads, 8.56x (2.41x .. 15.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 215 and 4 < max_seq_len <= 28: cuda_prefill_pool_rows.k8c8, 17 workloads, 8.31x (2.68x .. 14.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 215 and 28 < max_seq_len <= 74: cuda_prefill_pool_rows.k16c8, 11 workloads, 7.05x (3.25x .. 12.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 215 and num_seqs > 11 and 74 < max_seq_len <= 128: cuda_prefill_pool_rows.k16c8, 2 workloads, 5.28x (3.72x .. 7.50x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 430 and num_seqs <= 11 and 74 < max_seq_len <= 127: cuda_prefill_pool_rows.k16c8, 5 workloads, 4.17x (2.91x .. 5.73x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 430 and num_seqs <= 11 and 127 < max_seq_len <= 1445: cuda_prefill_staged.r32s4, 8 workloads, 5.63x (2.86x .. 8.53x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 533 and num_seqs > 11 and 128 < max_seq_len <= 1445: cuda_prefill_staged.r64s4, 7 workloads, 3.45x (1.92x .. 7.44x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct
+#   8. total_seq_len <= 1773 and mean_seq_len > 362 and 1445 < max_seq_len <= 1797: cuda_prefill_staged.r32s4, 1 workloads, 3.70x (3.70x .. 3.70x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_staged.r64s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   9. mean_seq_len <= 362 and 1445 < max_seq_len <= 1797: cuda_prefill_staged.r32s4, 4 workloads, 3.01x (2.03x .. 4.90x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   10. mean_seq_len <= 27554 and max_seq_len > 23169: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8
+#   11. 1797 < max_seq_len <= 23169: cuda_prefill_cp.p16, 20 workloads, 2.99x (1.46x .. 5.30x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   12. mean_seq_len > 27554 and max_seq_len > 23169: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   13. 215 < total_seq_len <= 533 and num_seqs <= 90 and 37 < max_seq_len <= 74: cuda_prefill_pool_rows.k8c8, 4 workloads, 5.58x (2.64x .. 10.22x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   14. 215 < total_seq_len <= 533 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.86x (2.27x .. 6.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
+#   15. 215 < total_seq_len <= 533 and 19 < max_seq_len <= 37: cuda_prefill_pool_rows.k8c8, 3 workloads, 5.58x (4.06x .. 7.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. 215 < total_seq_len <= 533 and num_seqs > 11 and 74 < max_seq_len <= 128: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 215 < total_seq_len <= 533 and num_seqs > 90 and 37 < max_seq_len <= 74: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   18. 430 < total_seq_len <= 533 and num_seqs <= 11 and 74 < max_seq_len <= 206: triton_prefill_fused.c16v32, 2 workloads, 5.47x (4.97x .. 6.02x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   19. 430 < total_seq_len <= 533 and num_seqs <= 11 and 206 < max_seq_len <= 1445: cuda_prefill_staged.r32s4, 4 workloads, 5.12x (4.74x .. 5.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   20. 533 < total_seq_len <= 2435 and 13 < max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.72x (2.20x .. 3.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. 533 < total_seq_len <= 6888 and 762 < max_seq_len <= 1445: cuda_prefill_staged.r32s4, 10 workloads, 3.94x (1.96x .. 6.25x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   22. total_seq_len > 533 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.76x (2.40x .. 2.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
+#   23. total_seq_len > 533 and 28 < max_seq_len <= 762: cuda_prefill_staged.r64s4, 35 workloads, 3.54x (1.65x .. 9.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   24. total_seq_len > 1773 and mean_seq_len > 362 and 1445 < max_seq_len <= 1797: cuda_prefill_cp.p16, 1 workloads, 4.05x (4.05x .. 4.05x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 2435 and 13 < max_seq_len <= 28: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   26. 6888 < total_seq_len <= 19483 and num_seqs <= 45 and 762 < max_seq_len <= 1445: cuda_prefill_staged.r64s4, 1 workloads, 4.65x (4.65x .. 4.65x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   27. 6888 < total_seq_len <= 19483 and num_seqs > 45 and 762 < max_seq_len <= 1445: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 19483 and 762 < max_seq_len <= 1445: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (7, 8), 'num_seqs': (45, None), 'total_seq_len': (None, 215)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (None, 11), 'total_seq_len': (None, 861)}, 'workloads': 9, 'speedup': (7.1, 8.28, 9.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (8, 23), 'num_seqs': (None, 22), 'total_seq_len': (None, 861)}, 'workloads': 10, 'speedup': (5.97, 6.76, 7.31), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (23, 1177), 'total_seq_len': (None, 861)}, 'workloads': 49, 'speedup': (1.11, 2.91, 5.63), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (11, 45), 'total_seq_len': (None, 861)}, 'workloads': 3, 'speedup': (1.66, 4.76, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 23), 'num_seqs': (22, None), 'total_seq_len': (None, 861)}, 'workloads': 3, 'speedup': (1.1, 1.27, 1.5), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (45, None), 'total_seq_len': (None, 861)}, 'workloads': 4, 'speedup': (1.54, 1.63, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 8, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (8191, None), 'mean_seq_len': (4870, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 9741)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2432, 8191), 'num_seqs': (None, 5), 'total_seq_len': (None, 19483)}, 'workloads': 5, 'speedup': (1.06, 1.23, 1.36), 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1177, 2432), 'total_seq_len': (None, 27554)}, 'workloads': 12, 'speedup': (1.17, 1.47, 1.84), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 11, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (8191, None), 'mean_seq_len': (None, 4870), 'num_seqs': (None, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 12, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (2432, None), 'mean_seq_len': (None, 3444), 'num_seqs': (5, None)}, 'workloads': 6, 'speedup': (1.2, 2.22, 3.64), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2432, 7170), 'mean_seq_len': (3444, None), 'num_seqs': (5, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 14, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (7170, None), 'mean_seq_len': (3444, None), 'num_seqs': (5, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7, 8), 'num_seqs': (45, None), 'total_seq_len': (215, 861)}, 'workloads': 1, 'speedup': (1.27, 1.27, 1.27), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (636, 1177), 'mean_seq_len': (None, 18), 'total_seq_len': (861, 1722)}, 'workloads': 2, 'speedup': (1.13, 1.18, 1.24), 'fallbacks': ()},
-    {'region': 17, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (636, 1177), 'mean_seq_len': (18, None), 'total_seq_len': (861, 1722)}, 'workloads': 6, 'speedup': (1.13, 1.52, 1.96), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (140, 636), 'num_seqs': (90, None), 'total_seq_len': (861, 1722)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (126, 636), 'num_seqs': (None, 90), 'total_seq_len': (861, 1874)}, 'workloads': 9, 'speedup': (1.56, 2.69, 4.17), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 140), 'num_seqs': (90, None), 'total_seq_len': (861, 4871)}, 'workloads': 4, 'speedup': (1.41, 1.44, 1.48), 'fallbacks': ()},
-    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 126), 'num_seqs': (None, 45), 'total_seq_len': (861, None)}, 'workloads': 4, 'speedup': (1.09, 1.67, 5.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 126), 'num_seqs': (45, 90), 'total_seq_len': (861, None)}, 'workloads': 4, 'speedup': (1.13, 1.21, 1.28), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (636, 1177), 'num_seqs': (None, 90), 'total_seq_len': (1722, 6888)}, 'workloads': 2, 'speedup': (1.56, 1.68, 1.82), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 1177), 'num_seqs': (90, None), 'total_seq_len': (1722, 6888)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (140, 636), 'num_seqs': (90, None), 'total_seq_len': (1722, None)}, 'workloads': 2, 'speedup': (1.16, 1.17, 1.19), 'fallbacks': ('cuda_prefill_staged.r32s4',), 'hand_back': True},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (126, 636), 'num_seqs': (None, 90), 'total_seq_len': (1874, None)}, 'workloads': 10, 'speedup': (1.03, 2.12, 5.19), 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 140), 'num_seqs': (90, None), 'total_seq_len': (4871, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
-    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, 1177), 'num_seqs': (None, 45), 'total_seq_len': (6888, None)}, 'workloads': 1, 'speedup': (2.05, 2.05, 2.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 762), 'mean_seq_len': (None, 304), 'total_seq_len': (6888, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (636, 762), 'mean_seq_len': (304, None), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (762, 1177), 'num_seqs': (45, None), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8191, None), 'mean_seq_len': (4870, None), 'num_seqs': (None, 5), 'total_seq_len': (9741, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2432, 8191), 'num_seqs': (None, 5), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1177, 2432), 'num_seqs': (None, 45), 'total_seq_len': (27554, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 35, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1177, 2432), 'num_seqs': (45, None), 'total_seq_len': (27554, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 22), 'num_seqs': (None, 21), 'total_seq_len': (None, 27)}, 'workloads': 7, 'speedup': (7.49, 8.45, 9.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (86, 402), 'mean_seq_len': (None, 22), 'num_seqs': (None, 181), 'total_seq_len': (None, 861)}, 'workloads': 4, 'speedup': (1.31, 3.1, 4.7), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (244, 1177), 'mean_seq_len': (None, 22), 'num_seqs': (181, None), 'total_seq_len': (None, 1722)}, 'workloads': 2, 'speedup': (1.24, 1.31, 1.39), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (402, 1177), 'mean_seq_len': (None, 22), 'num_seqs': (None, 181), 'total_seq_len': (None, 2435)}, 'workloads': 3, 'speedup': (1.11, 1.14, 1.18), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (86, 244), 'mean_seq_len': (None, 22), 'num_seqs': (181, None), 'total_seq_len': (None, 2435)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (740, 798), 'mean_seq_len': (22, None), 'num_seqs': (None, 22), 'total_seq_len': (None, 4871)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (798, 1177), 'mean_seq_len': (22, None), 'num_seqs': (None, 22), 'total_seq_len': (None, 6888)}, 'workloads': 7, 'speedup': (1.48, 1.63, 1.96), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (636, 1177), 'mean_seq_len': (22, None), 'num_seqs': (22, 90), 'total_seq_len': (None, 6888)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ('cuda_prefill_cp.p8', 'flashinfer_direct')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 1177), 'mean_seq_len': (22, None), 'num_seqs': (90, None), 'total_seq_len': (None, 6888)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (8191, None), 'mean_seq_len': (4870, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 9741)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2432, 8191), 'num_seqs': (None, 5), 'total_seq_len': (None, 19483)}, 'workloads': 5, 'speedup': (1.06, 1.23, 1.36), 'fallbacks': ()},
+    {'region': 12, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1177, 2432), 'total_seq_len': (None, 27554)}, 'workloads': 12, 'speedup': (1.17, 1.47, 1.84), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 13, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (8191, None), 'mean_seq_len': (None, 4870), 'num_seqs': (None, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (8, 23), 'mean_seq_len': (None, 22), 'num_seqs': (None, 21)}, 'workloads': 10, 'speedup': (5.97, 6.76, 7.31), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (23, 86), 'mean_seq_len': (None, 22), 'num_seqs': (None, 21)}, 'workloads': 8, 'speedup': (4.0, 4.74, 5.64), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 740), 'mean_seq_len': (22, None), 'num_seqs': (None, 22)}, 'workloads': 45, 'speedup': (1.56, 3.15, 5.59), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (2432, None), 'mean_seq_len': (None, 3444), 'num_seqs': (5, None)}, 'workloads': 6, 'speedup': (1.2, 2.22, 3.64), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2432, 7170), 'mean_seq_len': (3444, None), 'num_seqs': (5, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 19, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (7170, None), 'mean_seq_len': (3444, None), 'num_seqs': (5, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 4), 'num_seqs': (21, None)}, 'workloads': 7, 'speedup': (1.46, 1.64, 1.83), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 86), 'mean_seq_len': (None, 22), 'num_seqs': (21, None)}, 'workloads': 11, 'speedup': (1.09, 1.28, 1.49), 'fallbacks': ()},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (4, 22), 'num_seqs': (21, None)}, 'workloads': 2, 'speedup': (1.27, 1.34, 1.43), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (140, 636), 'mean_seq_len': (22, None), 'num_seqs': (22, 90)}, 'workloads': 3, 'speedup': (1.03, 1.05, 1.07), 'fallbacks': ()},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 140), 'mean_seq_len': (22, None), 'num_seqs': (22, 181)}, 'workloads': 6, 'speedup': (1.03, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (140, 636), 'mean_seq_len': (22, None), 'num_seqs': (90, None)}, 'workloads': 2, 'speedup': (1.16, 1.17, 1.19), 'fallbacks': ('cuda_prefill_staged.r32s4',), 'hand_back': True},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 140), 'mean_seq_len': (22, None), 'num_seqs': (181, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 22), 'num_seqs': (None, 21), 'total_seq_len': (27, None)}, 'workloads': 4, 'speedup': (6.72, 7.68, 8.69), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (86, 402), 'mean_seq_len': (None, 22), 'num_seqs': (None, 181), 'total_seq_len': (861, None)}, 'workloads': 1, 'speedup': (1.27, 1.27, 1.27), 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (244, 1177), 'mean_seq_len': (None, 22), 'num_seqs': (181, None), 'total_seq_len': (1722, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (402, 1177), 'mean_seq_len': (None, 22), 'num_seqs': (None, 181), 'total_seq_len': (2435, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (86, 244), 'mean_seq_len': (None, 22), 'num_seqs': (181, None), 'total_seq_len': (2435, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (740, 798), 'mean_seq_len': (22, None), 'num_seqs': (None, 22), 'total_seq_len': (4871, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (798, 1177), 'mean_seq_len': (22, None), 'num_seqs': (None, 22), 'total_seq_len': (6888, None)}, 'workloads': 1, 'speedup': (2.05, 2.05, 2.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 1177), 'mean_seq_len': (22, 608), 'num_seqs': (22, None), 'total_seq_len': (6888, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (636, 1177), 'mean_seq_len': (608, None), 'num_seqs': (22, None), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8191, None), 'mean_seq_len': (4870, None), 'num_seqs': (None, 5), 'total_seq_len': (9741, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2432, 8191), 'num_seqs': (None, 5), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1177, 2432), 'num_seqs': (None, 45), 'total_seq_len': (27554, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 39, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1177, 2432), 'num_seqs': (45, None), 'total_seq_len': (27554, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (18, 41), 'num_seqs': (None, 21), 'total_seq_len': (None, 53)}, 'workloads': 3, 'speedup': (8.84, 9.11, 9.57), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 30), 'num_seqs': (21, None), 'total_seq_len': (None, 215)}, 'workloads': 3, 'speedup': (2.41, 3.42, 6.02), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (30, 724), 'num_seqs': (21, None), 'total_seq_len': (None, 1217)}, 'workloads': 11, 'speedup': (1.64, 2.87, 4.12), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1442, 2024), 'mean_seq_len': (709, None), 'total_seq_len': (None, 2109)}, 'workloads': 1, 'speedup': (5.67, 5.67, 5.67), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, 1442), 'num_seqs': (None, 11), 'total_seq_len': (None, 2435)}, 'workloads': 2, 'speedup': (6.23, 6.31, 6.39), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (362, 724), 'mean_seq_len': (169, None), 'num_seqs': (None, 21), 'total_seq_len': (None, 3444)}, 'workloads': 5, 'speedup': (5.11, 6.6, 9.16), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (724, 1442), 'mean_seq_len': (None, 152), 'num_seqs': (11, None), 'total_seq_len': (None, 6888)}, 'workloads': 4, 'speedup': (2.99, 3.72, 6.46), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (724, 1023), 'num_seqs': (None, 11)}, 'workloads': 4, 'speedup': (5.11, 6.09, 6.83), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 2), 'num_seqs': (None, 21)}, 'workloads': 3, 'speedup': (9.42, 11.81, 15.83), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 18), 'mean_seq_len': (None, 2), 'num_seqs': (None, 21)}, 'workloads': 2, 'speedup': (8.88, 9.01, 9.13), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (41, 724), 'mean_seq_len': (None, 169), 'num_seqs': (None, 21)}, 'workloads': 35, 'speedup': (2.4, 6.4, 10.71), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 18), 'mean_seq_len': (2, None), 'num_seqs': (None, 21)}, 'workloads': 15, 'speedup': (5.4, 9.09, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (41, 362), 'mean_seq_len': (169, None), 'num_seqs': (None, 21)}, 'workloads': 7, 'speedup': (5.62, 6.75, 8.23), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1442, 1794), 'mean_seq_len': (None, 709)}, 'workloads': 3, 'speedup': (2.61, 3.32, 4.05), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1794, 2024), 'mean_seq_len': (None, 709)}, 'workloads': 5, 'speedup': (1.83, 2.96, 5.46), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32')},
-    {'region': 16, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (23169, None), 'mean_seq_len': (None, 27554)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 17, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (2024, 23169)}, 'workloads': 17, 'speedup': (1.46, 3.06, 5.3), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23169, None), 'mean_seq_len': (27554, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (724, 1442), 'mean_seq_len': (152, None), 'num_seqs': (11, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (724, 1442), 'mean_seq_len': (152, None), 'num_seqs': (22, None)}, 'workloads': 1, 'speedup': (2.14, 2.14, 2.14), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (18, 41), 'num_seqs': (None, 21), 'total_seq_len': (53, None)}, 'workloads': 6, 'speedup': (5.39, 8.57, 12.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'num_seqs': (21, None), 'total_seq_len': (215, 1217)}, 'workloads': 11, 'speedup': (2.2, 3.31, 6.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 724), 'num_seqs': (21, None), 'total_seq_len': (1217, None)}, 'workloads': 15, 'speedup': (1.69, 2.81, 5.11), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 24, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1442, 2024), 'mean_seq_len': (709, None), 'total_seq_len': (2109, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1023, 1442), 'num_seqs': (None, 11), 'total_seq_len': (2435, None)}, 'workloads': 1, 'speedup': (2.63, 2.63, 2.63), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (362, 724), 'mean_seq_len': (169, None), 'num_seqs': (None, 21), 'total_seq_len': (3444, None)}, 'workloads': 1, 'speedup': (8.13, 8.13, 8.13), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (724, 1442), 'mean_seq_len': (None, 152), 'num_seqs': (11, 181), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (724, 1442), 'mean_seq_len': (None, 152), 'num_seqs': (181, None), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'total_seq_len': (None, 215)}, 'workloads': 8, 'speedup': (2.41, 8.56, 15.83), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 28), 'total_seq_len': (None, 215)}, 'workloads': 17, 'speedup': (2.68, 8.31, 14.08), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (28, 74), 'total_seq_len': (None, 215)}, 'workloads': 11, 'speedup': (3.25, 7.05, 12.46), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (74, 128), 'num_seqs': (11, None), 'total_seq_len': (None, 215)}, 'workloads': 2, 'speedup': (3.72, 5.28, 7.5), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (74, 127), 'num_seqs': (None, 11), 'total_seq_len': (None, 430)}, 'workloads': 5, 'speedup': (2.91, 4.17, 5.73), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (127, 1445), 'num_seqs': (None, 11), 'total_seq_len': (None, 430)}, 'workloads': 8, 'speedup': (2.86, 5.63, 8.53), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (128, 1445), 'num_seqs': (11, None), 'total_seq_len': (None, 533)}, 'workloads': 7, 'speedup': (1.92, 3.45, 7.44), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1445, 1797), 'mean_seq_len': (362, None), 'total_seq_len': (None, 1773)}, 'workloads': 1, 'speedup': (3.7, 3.7, 3.7), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1445, 1797), 'mean_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (2.03, 3.01, 4.9), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (23169, None), 'mean_seq_len': (None, 27554)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 11, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1797, 23169)}, 'workloads': 20, 'speedup': (1.46, 2.99, 5.3), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23169, None), 'mean_seq_len': (27554, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (37, 74), 'num_seqs': (None, 90), 'total_seq_len': (215, 533)}, 'workloads': 4, 'speedup': (2.64, 5.58, 10.22), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'total_seq_len': (215, 533)}, 'workloads': 7, 'speedup': (2.27, 3.86, 6.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (19, 37), 'total_seq_len': (215, 533)}, 'workloads': 3, 'speedup': (4.06, 5.58, 7.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (74, 128), 'num_seqs': (11, None), 'total_seq_len': (215, 533)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (37, 74), 'num_seqs': (90, None), 'total_seq_len': (215, 533)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (74, 206), 'num_seqs': (None, 11), 'total_seq_len': (430, 533)}, 'workloads': 2, 'speedup': (4.97, 5.47, 6.02), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (206, 1445), 'num_seqs': (None, 11), 'total_seq_len': (430, 533)}, 'workloads': 4, 'speedup': (4.74, 5.12, 5.51), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (13, 28), 'total_seq_len': (533, 2435)}, 'workloads': 2, 'speedup': (2.2, 2.72, 3.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (762, 1445), 'total_seq_len': (533, 6888)}, 'workloads': 10, 'speedup': (1.96, 3.94, 6.25), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'total_seq_len': (533, None)}, 'workloads': 3, 'speedup': (2.4, 2.76, 2.96), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (28, 762), 'total_seq_len': (533, None)}, 'workloads': 35, 'speedup': (1.65, 3.54, 9.14), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 24, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1445, 1797), 'mean_seq_len': (362, None), 'total_seq_len': (1773, None)}, 'workloads': 1, 'speedup': (4.05, 4.05, 4.05), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, 28), 'total_seq_len': (2435, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (762, 1445), 'num_seqs': (None, 45), 'total_seq_len': (6888, 19483)}, 'workloads': 1, 'speedup': (4.65, 4.65, 4.65), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (762, 1445), 'num_seqs': (45, None), 'total_seq_len': (6888, 19483)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (762, 1445), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -352,94 +355,100 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill
-    if total_seq_len <= 215 and num_seqs > 45 and 7 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 9 workloads, 8.28x (7.10x .. 9.27x) over vllm_flashinfer_prefill
-    if total_seq_len <= 861 and num_seqs <= 11 and max_seq_len <= 8:
+    # region 1: 7 workloads, 8.45x (7.49x .. 9.27x) over vllm_flashinfer_prefill
+    if total_seq_len <= 27 and num_seqs <= 21 and mean_seq_len <= 22 and max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 10 workloads, 6.76x (5.97x .. 7.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 861 and num_seqs <= 22 and 8 < max_seq_len <= 23:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 49 workloads, 2.91x (1.11x .. 5.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 861 and 23 < max_seq_len <= 1177:
+    # region 2: 4 workloads, 3.10x (1.31x .. 4.70x) over vllm_flashinfer_prefill
+    if total_seq_len <= 861 and num_seqs <= 181 and mean_seq_len <= 22 and 86 < max_seq_len <= 402:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 3: 2 workloads, 1.31x (1.24x .. 1.39x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1722 and num_seqs > 181 and mean_seq_len <= 22 and 244 < max_seq_len <= 1177:
         return 'cuda_prefill_staged.r32s4'
-    # region 5: 3 workloads, 4.76x (1.66x .. 8.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 861 and 11 < num_seqs <= 45 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 3 workloads, 1.27x (1.10x .. 1.50x) over vllm_flashinfer_prefill
-    if total_seq_len <= 861 and num_seqs > 22 and 8 < max_seq_len <= 23:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 4 workloads, 1.63x (1.54x .. 1.80x) over vllm_flashinfer_prefill
-    if total_seq_len <= 861 and num_seqs > 45 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill
+    # region 4: 3 workloads, 1.14x (1.11x .. 1.18x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2435 and num_seqs <= 181 and mean_seq_len <= 22 and 402 < max_seq_len <= 1177:
+        return 'cuda_prefill_staged.r32s4'
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 2435 and num_seqs > 181 and mean_seq_len <= 22 and 86 < max_seq_len <= 244:
+        return 'cuda_prefill_staged.r64s4'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 4871 and num_seqs <= 22 and mean_seq_len > 22 and 740 < max_seq_len <= 798:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p8'
+    # region 7: 7 workloads, 1.63x (1.48x .. 1.96x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and num_seqs <= 22 and mean_seq_len > 22 and 798 < max_seq_len <= 1177:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p8'
+    # region 8: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and 22 < num_seqs <= 90 and mean_seq_len > 22 and 636 < max_seq_len <= 1177:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p16'
+    # region 10: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill
     if total_seq_len <= 9741 and num_seqs <= 5 and mean_seq_len > 4870 and max_seq_len > 8191:
         return 'cuda_prefill_cp.p8'
-    # region 9: 5 workloads, 1.23x (1.06x .. 1.36x) over vllm_flashinfer_prefill
+    # region 11: 5 workloads, 1.23x (1.06x .. 1.36x) over vllm_flashinfer_prefill
     if total_seq_len <= 19483 and num_seqs <= 5 and 2432 < max_seq_len <= 8191:
         return 'cuda_prefill_cp.p8'
-    # region 10: 12 workloads, 1.47x (1.17x .. 1.84x) over vllm_flashinfer_prefill
+    # region 12: 12 workloads, 1.47x (1.17x .. 1.84x) over vllm_flashinfer_prefill
     if total_seq_len <= 27554 and 1177 < max_seq_len <= 2432:
         return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs <= 5 and mean_seq_len <= 4870 and max_seq_len > 8191:
         return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
-    # region 12: 6 workloads, 2.22x (1.20x .. 3.64x) over vllm_flashinfer_prefill
+    # region 14: 10 workloads, 6.76x (5.97x .. 7.31x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and mean_seq_len <= 22 and 8 < max_seq_len <= 23:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 15: 8 workloads, 4.74x (4.00x .. 5.64x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and mean_seq_len <= 22 and 23 < max_seq_len <= 86:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 16: 45 workloads, 3.15x (1.56x .. 5.59x) over vllm_flashinfer_prefill
+    if num_seqs <= 22 and mean_seq_len > 22 and max_seq_len <= 740:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 17: 6 workloads, 2.22x (1.20x .. 3.64x) over vllm_flashinfer_prefill
     if num_seqs > 5 and mean_seq_len <= 3444 and max_seq_len > 2432:
         return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs > 5 and mean_seq_len > 3444 and max_seq_len > 7170:
         return 'cuda_prefill_cp.p16'
-    # region 15: 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill
-    if 215 < total_seq_len <= 861 and num_seqs > 45 and 7 < max_seq_len <= 8:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 2 workloads, 1.18x (1.13x .. 1.24x) over vllm_flashinfer_prefill
-    if 861 < total_seq_len <= 1722 and mean_seq_len <= 18 and 636 < max_seq_len <= 1177:
-        return 'cuda_prefill_staged.r32s4'
-    # region 17: 6 workloads, 1.52x (1.13x .. 1.96x) over vllm_flashinfer_prefill
-    if 861 < total_seq_len <= 1722 and mean_seq_len > 18 and 636 < max_seq_len <= 1177:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p8'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if 861 < total_seq_len <= 1722 and num_seqs > 90 and 140 < max_seq_len <= 636:
-        return 'cuda_prefill_staged.r32s4'
-    # region 19: 9 workloads, 2.69x (1.56x .. 4.17x) over vllm_flashinfer_prefill
-    if 861 < total_seq_len <= 1874 and num_seqs <= 90 and 126 < max_seq_len <= 636:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 20: 4 workloads, 1.44x (1.41x .. 1.48x) over vllm_flashinfer_prefill
-    if 861 < total_seq_len <= 4871 and num_seqs > 90 and max_seq_len <= 140:
+    # region 20: 7 workloads, 1.64x (1.46x .. 1.83x) over vllm_flashinfer_prefill
+    if num_seqs > 21 and mean_seq_len <= 4 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 11 workloads, 1.28x (1.09x .. 1.49x) over vllm_flashinfer_prefill
+    if num_seqs > 21 and mean_seq_len <= 22 and 8 < max_seq_len <= 86:
         return 'cuda_prefill_staged.r64s4'
-    # region 21: 4 workloads, 1.67x (1.09x .. 5.82x) over vllm_flashinfer_prefill
-    if total_seq_len > 861 and num_seqs <= 45 and max_seq_len <= 126:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 22: 4 workloads, 1.21x (1.13x .. 1.28x) over vllm_flashinfer_prefill
-    if total_seq_len > 861 and 45 < num_seqs <= 90 and max_seq_len <= 126:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 2 workloads, 1.68x (1.56x .. 1.82x) over vllm_flashinfer_prefill
-    if 1722 < total_seq_len <= 6888 and num_seqs <= 90 and 636 < max_seq_len <= 1177:
-        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
-    # region 25: 2 workloads, 1.17x (1.16x .. 1.19x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1722 and num_seqs > 90 and 140 < max_seq_len <= 636:
+    # region 22: 2 workloads, 1.34x (1.27x .. 1.43x) over vllm_flashinfer_prefill
+    if num_seqs > 21 and 4 < mean_seq_len <= 22 and max_seq_len <= 8:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 10 workloads, 2.12x (1.03x .. 5.19x) over vllm_flashinfer_prefill
-    if total_seq_len > 1874 and num_seqs <= 90 and 126 < max_seq_len <= 636:
+    # region 23: 3 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
+    if 22 < num_seqs <= 90 and mean_seq_len > 22 and 140 < max_seq_len <= 636:
         return 'flashinfer_direct'
-    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4871 and num_seqs > 90 and max_seq_len <= 140:
+    # region 24: 6 workloads, 1.09x (1.03x .. 1.11x) over vllm_flashinfer_prefill
+    if 22 < num_seqs <= 181 and mean_seq_len > 22 and max_seq_len <= 140:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 25: 2 workloads, 1.17x (1.16x .. 1.19x) over vllm_flashinfer_prefill's guarded call
+    if num_seqs > 90 and mean_seq_len > 22 and 140 < max_seq_len <= 636:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 181 and mean_seq_len > 22 and max_seq_len <= 140:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill
-    if total_seq_len > 6888 and num_seqs <= 45 and 762 < max_seq_len <= 1177:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 29: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 6888 and mean_seq_len <= 304 and 636 < max_seq_len <= 762:
+    # region 27: 4 workloads, 7.68x (6.72x .. 8.69x) over vllm_flashinfer_prefill
+    if total_seq_len > 27 and num_seqs <= 21 and mean_seq_len <= 22 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 28: 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill
+    if total_seq_len > 861 and num_seqs <= 181 and mean_seq_len <= 22 and 86 < max_seq_len <= 402:
+        return 'cuda_prefill_staged.r64s4'
+    # region 32: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 4871 and num_seqs <= 22 and mean_seq_len > 22 and 740 < max_seq_len <= 798:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'flashinfer_direct'
+    # region 33: 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill
+    if total_seq_len > 6888 and num_seqs <= 22 and mean_seq_len > 22 and 798 < max_seq_len <= 1177:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'flashinfer_direct'
+    # region 34: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6888 and num_seqs > 22 and 22 < mean_seq_len <= 608 and 636 < max_seq_len <= 1177:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 6888 and mean_seq_len > 304 and 636 < max_seq_len <= 762:
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 6888 and num_seqs > 22 and mean_seq_len > 608 and 636 < max_seq_len <= 1177:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 32: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 36: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 9741 and num_seqs <= 5 and mean_seq_len > 4870 and max_seq_len > 8191:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    # region 39: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 27554 and num_seqs > 45 and 1177 < max_seq_len <= 2432:
         return 'cuda_prefill_cp.p16'
     return 'vllm_flashinfer_prefill'
@@ -448,95 +457,95 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 9.11x (8.84x .. 9.57x) over vllm_flashinfer_prefill
-    if total_seq_len <= 53 and num_seqs <= 21 and 18 < max_seq_len <= 41:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 2: 3 workloads, 3.42x (2.41x .. 6.02x) over vllm_flashinfer_prefill
-    if total_seq_len <= 215 and num_seqs > 21 and max_seq_len <= 30:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 11 workloads, 2.87x (1.64x .. 4.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1217 and num_seqs > 21 and 30 < max_seq_len <= 724:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 4: 1 workloads, 5.67x (5.67x .. 5.67x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2109 and mean_seq_len > 709 and 1442 < max_seq_len <= 2024:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 5: 2 workloads, 6.31x (6.23x .. 6.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2435 and num_seqs <= 11 and 1023 < max_seq_len <= 1442:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 5 workloads, 6.60x (5.11x .. 9.16x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3444 and num_seqs <= 21 and mean_seq_len > 169 and 362 < max_seq_len <= 724:
+    # region 1: 8 workloads, 8.56x (2.41x .. 15.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 215 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 17 workloads, 8.31x (2.68x .. 14.08x) over vllm_flashinfer_prefill
+    if total_seq_len <= 215 and 4 < max_seq_len <= 28:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 11 workloads, 7.05x (3.25x .. 12.46x) over vllm_flashinfer_prefill
+    if total_seq_len <= 215 and 28 < max_seq_len <= 74:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 2 workloads, 5.28x (3.72x .. 7.50x) over vllm_flashinfer_prefill
+    if total_seq_len <= 215 and num_seqs > 11 and 74 < max_seq_len <= 128:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 5 workloads, 4.17x (2.91x .. 5.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 430 and num_seqs <= 11 and 74 < max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 6: 8 workloads, 5.63x (2.86x .. 8.53x) over vllm_flashinfer_prefill
+    if total_seq_len <= 430 and num_seqs <= 11 and 127 < max_seq_len <= 1445:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 7: 4 workloads, 3.72x (2.99x .. 6.46x) over vllm_flashinfer_prefill
-    if total_seq_len <= 6888 and num_seqs > 11 and mean_seq_len <= 152 and 724 < max_seq_len <= 1442:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 4 workloads, 6.09x (5.11x .. 6.83x) over vllm_flashinfer_prefill
-    if num_seqs <= 11 and 724 < max_seq_len <= 1023:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 9: 3 workloads, 11.81x (9.42x .. 15.83x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and mean_seq_len <= 2 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 10: 2 workloads, 9.01x (8.88x .. 9.13x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and mean_seq_len <= 2 and 4 < max_seq_len <= 18:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 11: 35 workloads, 6.40x (2.40x .. 10.71x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and mean_seq_len <= 169 and 41 < max_seq_len <= 724:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 15 workloads, 9.09x (5.40x .. 15.34x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and mean_seq_len > 2 and max_seq_len <= 18:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 13: 7 workloads, 6.75x (5.62x .. 8.23x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and mean_seq_len > 169 and 41 < max_seq_len <= 362:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 14: 3 workloads, 3.32x (2.61x .. 4.05x) over vllm_flashinfer_prefill
-    if mean_seq_len <= 709 and 1442 < max_seq_len <= 1794:
-        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
-    # region 15: 5 workloads, 2.96x (1.83x .. 5.46x) over vllm_flashinfer_prefill
-    if mean_seq_len <= 709 and 1794 < max_seq_len <= 2024:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r32s4'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    # region 7: 7 workloads, 3.45x (1.92x .. 7.44x) over vllm_flashinfer_prefill
+    if total_seq_len <= 533 and num_seqs > 11 and 128 < max_seq_len <= 1445:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 8: 1 workloads, 3.70x (3.70x .. 3.70x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1773 and mean_seq_len > 362 and 1445 < max_seq_len <= 1797:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 4 workloads, 3.01x (2.03x .. 4.90x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 362 and 1445 < max_seq_len <= 1797:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
     if mean_seq_len <= 27554 and max_seq_len > 23169:
         return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
-    # region 17: 17 workloads, 3.06x (1.46x .. 5.30x) over vllm_flashinfer_prefill
-    if 2024 < max_seq_len <= 23169:
+    # region 11: 20 workloads, 2.99x (1.46x .. 5.30x) over vllm_flashinfer_prefill
+    if 1797 < max_seq_len <= 23169:
         return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
-    # region 18: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 12: 1 workloads, the baseline; its stand-ins where it cannot run here
     if mean_seq_len > 27554 and max_seq_len > 23169:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if 11 < num_seqs <= 22 and mean_seq_len > 152 and 724 < max_seq_len <= 1442:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 20: 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill
-    if num_seqs > 22 and mean_seq_len > 152 and 724 < max_seq_len <= 1442:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 6 workloads, 8.57x (5.39x .. 12.82x) over vllm_flashinfer_prefill
-    if total_seq_len > 53 and num_seqs <= 21 and 18 < max_seq_len <= 41:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 22: 11 workloads, 3.31x (2.20x .. 6.36x) over vllm_flashinfer_prefill
-    if 215 < total_seq_len <= 1217 and num_seqs > 21 and max_seq_len <= 30:
+    # region 13: 4 workloads, 5.58x (2.64x .. 10.22x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 533 and num_seqs <= 90 and 37 < max_seq_len <= 74:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 14: 7 workloads, 3.86x (2.27x .. 6.36x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 533 and max_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 3 workloads, 5.58x (4.06x .. 7.19x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 533 and 19 < max_seq_len <= 37:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if 215 < total_seq_len <= 533 and num_seqs > 11 and 74 < max_seq_len <= 128:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if 215 < total_seq_len <= 533 and num_seqs > 90 and 37 < max_seq_len <= 74:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 18: 2 workloads, 5.47x (4.97x .. 6.02x) over vllm_flashinfer_prefill
+    if 430 < total_seq_len <= 533 and num_seqs <= 11 and 74 < max_seq_len <= 206:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 19: 4 workloads, 5.12x (4.74x .. 5.51x) over vllm_flashinfer_prefill
+    if 430 < total_seq_len <= 533 and num_seqs <= 11 and 206 < max_seq_len <= 1445:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 20: 2 workloads, 2.72x (2.20x .. 3.37x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 2435 and 13 < max_seq_len <= 28:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 10 workloads, 3.94x (1.96x .. 6.25x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 6888 and 762 < max_seq_len <= 1445:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 22: 3 workloads, 2.76x (2.40x .. 2.96x) over vllm_flashinfer_prefill
+    if total_seq_len > 533 and max_seq_len <= 13:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 15 workloads, 2.81x (1.69x .. 5.11x) over vllm_flashinfer_prefill
-    if total_seq_len > 1217 and num_seqs > 21 and max_seq_len <= 724:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2109 and mean_seq_len > 709 and 1442 < max_seq_len <= 2024:
-        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
-    # region 25: 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill
-    if total_seq_len > 2435 and num_seqs <= 11 and 1023 < max_seq_len <= 1442:
-        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
-    # region 26: 1 workloads, 8.13x (8.13x .. 8.13x) over vllm_flashinfer_prefill
-    if total_seq_len > 3444 and num_seqs <= 21 and mean_seq_len > 169 and 362 < max_seq_len <= 724:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 6888 and 11 < num_seqs <= 181 and mean_seq_len <= 152 and 724 < max_seq_len <= 1442:
+    # region 23: 35 workloads, 3.54x (1.65x .. 9.14x) over vllm_flashinfer_prefill
+    if total_seq_len > 533 and 28 < max_seq_len <= 762:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 24: 1 workloads, 4.05x (4.05x .. 4.05x) over vllm_flashinfer_prefill
+    if total_seq_len > 1773 and mean_seq_len > 362 and 1445 < max_seq_len <= 1797:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2435 and 13 < max_seq_len <= 28:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 1 workloads, 4.65x (4.65x .. 4.65x) over vllm_flashinfer_prefill
+    if 6888 < total_seq_len <= 19483 and num_seqs <= 45 and 762 < max_seq_len <= 1445:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 6888 and num_seqs > 181 and mean_seq_len <= 152 and 724 < max_seq_len <= 1442:
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if 6888 < total_seq_len <= 19483 and num_seqs > 45 and 762 < max_seq_len <= 1445:
         return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 19483 and 762 < max_seq_len <= 1445:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len > 1722 and num_seqs > 90 and 140 < max_seq_len <= 636:  # region 25
+    if num_seqs > 90 and mean_seq_len > 22 and 140 < max_seq_len <= 636:  # region 25
         return True
     return False

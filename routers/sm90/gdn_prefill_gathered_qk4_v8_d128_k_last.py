@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-03T13:19:02Z
+# measured    up to 2026-12-03T15:09:15Z
 # workloads   156 (workload-set digest 68659784bab68377)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -17,8 +17,8 @@
 #   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  91/149  1.13x  [58 screened out]
 #   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  96/149  1.12x  [53 screened out]
 #   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  97/149  1.15x  [52 screened out]
-#   cuda_prefill_staged.r32s4       c8ecfe249509d4b6  154/156  1.71x  [2 screened out]
-#   cuda_prefill_staged.r64s4       a4daa1bd24a6d1bb  153/156  1.72x  [3 screened out]
+#   cuda_prefill_staged.r32s4       eedc6b05bc679849  155/156  1.69x  [1 screened out]
+#   cuda_prefill_staged.r64s4       7341a0938140ddfb  155/156  1.68x  [1 screened out]
 #   flashinfer_direct               755eb6578bd0a1f3  154/156  1.56x  [2 screened out]
 #   flashqla_chunk                  5e5c152ba7fedf0f  0/0  -
 #   triton_prefill_chunked.v64      91b329a0e287a87d  109/156  0.91x  [47 screened out]
@@ -47,64 +47,60 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 8.89% mean, 103.29% max;
-#             1.413x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.66% mean, 118.59% max;
-#             3.536x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 8.96% mean, 103.29% max;
+#             1.412x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.63% mean, 118.59% max;
+#             3.230x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and num_seqs <= 8 and mean_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.73x (7.31x .. 9.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   2. total_seq_len <= 22 and num_seqs <= 8 and 3 < mean_seq_len <= 540: cuda_prefill_pool_rows.k16c8, 6 workloads, 7.63x (6.16x .. 8.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   3. total_seq_len <= 4753 and num_seqs <= 8 and mean_seq_len > 2508: cuda_prefill_cp.p4, 2 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill
-#   4. total_seq_len <= 6006 and num_seqs <= 8 and 540 < mean_seq_len <= 2508: cuda_prefill_cp.p4, 7 workloads, 1.31x (1.06x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   5. 8 < num_seqs <= 16 and mean_seq_len <= 30: cuda_prefill_staged.r32s4, 10 workloads, 1.15x (1.06x .. 1.26x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   6. num_seqs > 8 and 30 < mean_seq_len <= 45: cuda_prefill_staged.r64s4, 12 workloads, 1.15x (1.03x .. 1.23x) over vllm_flashinfer_prefill
-#   7. num_seqs > 8 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   8. num_seqs > 16 and mean_seq_len <= 30: cuda_prefill_staged.r64s4, 30 workloads, 1.37x (1.07x .. 1.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   9. 22 < total_seq_len <= 59 and num_seqs <= 8 and mean_seq_len <= 540: triton_prefill_fused.c16v32, 7 workloads, 6.15x (4.53x .. 7.40x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len > 59 and num_seqs <= 8 and mean_seq_len <= 540: cuda_prefill_staged.r32s4, 45 workloads, 3.12x (1.05x .. 5.73x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 5792 and num_seqs <= 8 and mean_seq_len > 2508: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   12. total_seq_len > 6006 and num_seqs <= 8 and 540 < mean_seq_len <= 2508: cuda_prefill_cp.p8, 6 workloads, 1.34x (1.14x .. 1.92x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 22 and num_seqs <= 9 and mean_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.73x (7.31x .. 9.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   2. total_seq_len <= 22 and num_seqs <= 9 and 3 < mean_seq_len <= 540: cuda_prefill_pool_rows.k16c8, 6 workloads, 7.63x (6.16x .. 8.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   3. total_seq_len <= 4753 and num_seqs <= 9 and mean_seq_len > 2508: cuda_prefill_cp.p4, 2 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 6006 and num_seqs <= 9 and 540 < mean_seq_len <= 2508: cuda_prefill_cp.p4, 7 workloads, 1.31x (1.06x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   5. num_seqs > 9 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 51 workloads, 1.27x (1.04x .. 1.62x) over vllm_flashinfer_prefill
+#   6. num_seqs > 9 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   7. 22 < total_seq_len <= 35 and num_seqs <= 9 and mean_seq_len <= 540: triton_prefill_fused.c16v32, 7 workloads, 6.15x (4.53x .. 7.40x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
+#   8. total_seq_len > 35 and num_seqs <= 9 and mean_seq_len <= 540: cuda_prefill_staged.r32s4, 46 workloads, 3.05x (1.05x .. 5.70x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 5792 and num_seqs <= 9 and mean_seq_len > 2508: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   10. total_seq_len > 6006 and num_seqs <= 9 and 540 < mean_seq_len <= 2508: cuda_prefill_cp.p8, 6 workloads, 1.34x (1.14x .. 1.92x) over vllm_flashinfer_prefill
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 78 and mean_seq_len <= 18: cuda_prefill_pool_rows.k8c8, 25 workloads, 7.17x (2.99x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   2. total_seq_len <= 78 and 18 < mean_seq_len <= 107: cuda_prefill_staged.r64s4, 2 workloads, 8.86x (7.36x .. 10.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. num_seqs <= 16 and 107 < mean_seq_len <= 761: cuda_prefill_staged.r32s4, 34 workloads, 5.38x (1.81x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   4. 761 < mean_seq_len <= 1097: cuda_prefill_cp.p8, 5 workloads, 3.24x (2.47x .. 5.18x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   5. 1097 < mean_seq_len <= 1696: cuda_prefill_staged.r32s4, 2 workloads, 4.83x (4.14x .. 5.64x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   6. 1696 < mean_seq_len <= 4557: cuda_prefill_cp.p8, 6 workloads, 2.96x (1.82x .. 4.70x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   7. mean_seq_len > 4557: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   8. 16 < num_seqs <= 39 and 107 < mean_seq_len <= 761: cuda_prefill_staged.r64s4, 4 workloads, 2.36x (1.75x .. 3.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   9. num_seqs > 39 and 107 < mean_seq_len <= 761: flashinfer_direct, 5 workloads, 1.44x (1.24x .. 1.60x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   10. 78 < total_seq_len <= 180 and mean_seq_len <= 107: cuda_prefill_pool_rows.k8c8, 13 workloads, 5.05x (2.87x .. 10.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   11. total_seq_len > 180 and mean_seq_len <= 107: cuda_prefill_staged.r64s4, 55 workloads, 3.37x (1.77x .. 11.06x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   1. total_seq_len <= 212 and num_seqs <= 32 and mean_seq_len <= 540: cuda_prefill_pool_rows.k8c8, 37 workloads, 6.94x (2.91x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   2. total_seq_len <= 1438 and mean_seq_len > 540: cuda_prefill_staged.r32s4, 2 workloads, 5.41x (5.32x .. 5.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 6128 and num_seqs > 32 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 7 workloads, 2.86x (2.07x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
+#   4. total_seq_len <= 6128 and num_seqs > 32 and 2 < mean_seq_len <= 540: cuda_prefill_staged.r64s4, 21 workloads, 2.40x (1.68x .. 3.60x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. 212 < total_seq_len <= 292 and num_seqs <= 32 and mean_seq_len <= 540: triton_prefill_fused.c16v32, 13 workloads, 5.19x (3.11x .. 8.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct
+#   6. total_seq_len > 292 and num_seqs <= 32 and mean_seq_len <= 540: cuda_prefill_staged.r64s4, 50 workloads, 3.61x (1.39x .. 8.87x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   7. 1438 < total_seq_len <= 2508 and mean_seq_len > 540: cuda_prefill_cp.p4, 2 workloads, 5.02x (4.71x .. 5.34x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len > 2508 and 540 < mean_seq_len <= 4557: cuda_prefill_cp.p8, 11 workloads, 2.88x (1.82x .. 3.95x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   9. total_seq_len > 2508 and mean_seq_len > 4557: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   10. total_seq_len > 6128 and 32 < num_seqs <= 128 and mean_seq_len <= 540: flashinfer_direct, 4 workloads, 1.50x (1.43x .. 1.60x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len > 6128 and num_seqs > 128 and mean_seq_len <= 540: cuda_prefill_staged.r64s4, 4 workloads, 1.63x (1.33x .. 1.91x) over vllm_flashinfer_prefill; then flashinfer_direct
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 4, 'speedup': (7.31, 8.73, 9.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (3, 540), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 6, 'speedup': (6.16, 7.63, 8.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (2508, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 4753)}, 'workloads': 2, 'speedup': (1.05, 1.09, 1.12), 'fallbacks': ()},
-    {'region': 4, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (540, 2508), 'num_seqs': (None, 8), 'total_seq_len': (None, 6006)}, 'workloads': 7, 'speedup': (1.06, 1.31, 1.51), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (8, 16)}, 'workloads': 10, 'speedup': (1.06, 1.15, 1.26), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (30, 45), 'num_seqs': (8, None)}, 'workloads': 12, 'speedup': (1.03, 1.15, 1.23), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (8, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (16, None)}, 'workloads': 30, 'speedup': (1.07, 1.37, 1.63), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 8), 'total_seq_len': (22, 59)}, 'workloads': 7, 'speedup': (4.53, 6.15, 7.4), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 8), 'total_seq_len': (59, None)}, 'workloads': 45, 'speedup': (1.05, 3.12, 5.73), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2508, None), 'num_seqs': (None, 8), 'total_seq_len': (5792, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 12, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (540, 2508), 'num_seqs': (None, 8), 'total_seq_len': (6006, None)}, 'workloads': 6, 'speedup': (1.14, 1.34, 1.92), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (None, 9), 'total_seq_len': (None, 22)}, 'workloads': 4, 'speedup': (7.31, 8.73, 9.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (3, 540), 'num_seqs': (None, 9), 'total_seq_len': (None, 22)}, 'workloads': 6, 'speedup': (6.16, 7.63, 8.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (2508, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 4753)}, 'workloads': 2, 'speedup': (1.05, 1.09, 1.12), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (540, 2508), 'num_seqs': (None, 9), 'total_seq_len': (None, 6006)}, 'workloads': 7, 'speedup': (1.06, 1.31, 1.51), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (9, None)}, 'workloads': 51, 'speedup': (1.04, 1.27, 1.62), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (9, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 9), 'total_seq_len': (22, 35)}, 'workloads': 7, 'speedup': (4.53, 6.15, 7.4), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 9), 'total_seq_len': (35, None)}, 'workloads': 46, 'speedup': (1.05, 3.05, 5.7), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2508, None), 'num_seqs': (None, 9), 'total_seq_len': (5792, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 10, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (540, 2508), 'num_seqs': (None, 9), 'total_seq_len': (6006, None)}, 'workloads': 6, 'speedup': (1.14, 1.34, 1.92), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 18), 'total_seq_len': (None, 78)}, 'workloads': 25, 'speedup': (2.99, 7.17, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (18, 107), 'total_seq_len': (None, 78)}, 'workloads': 2, 'speedup': (7.36, 8.86, 10.66), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (107, 761), 'num_seqs': (None, 16)}, 'workloads': 34, 'speedup': (1.81, 5.38, 9.82), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (761, 1097)}, 'workloads': 5, 'speedup': (2.47, 3.24, 5.18), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (1097, 1696)}, 'workloads': 2, 'speedup': (4.14, 4.83, 5.64), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1696, 4557)}, 'workloads': 6, 'speedup': (1.82, 2.96, 4.7), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4557, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (107, 761), 'num_seqs': (16, 39)}, 'workloads': 4, 'speedup': (1.75, 2.36, 3.18), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (107, 761), 'num_seqs': (39, None)}, 'workloads': 5, 'speedup': (1.24, 1.44, 1.6), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 107), 'total_seq_len': (78, 180)}, 'workloads': 13, 'speedup': (2.87, 5.05, 10.75), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 107), 'total_seq_len': (180, None)}, 'workloads': 55, 'speedup': (1.77, 3.37, 11.06), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 32), 'total_seq_len': (None, 212)}, 'workloads': 37, 'speedup': (2.91, 6.94, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (540, None), 'total_seq_len': (None, 1438)}, 'workloads': 2, 'speedup': (5.32, 5.41, 5.51), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (32, None), 'total_seq_len': (None, 6128)}, 'workloads': 7, 'speedup': (2.07, 2.86, 3.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 540), 'num_seqs': (32, None), 'total_seq_len': (None, 6128)}, 'workloads': 21, 'speedup': (1.68, 2.4, 3.6), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 32), 'total_seq_len': (212, 292)}, 'workloads': 13, 'speedup': (3.11, 5.19, 8.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 32), 'total_seq_len': (292, None)}, 'workloads': 50, 'speedup': (1.39, 3.61, 8.87), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (540, None), 'total_seq_len': (1438, 2508)}, 'workloads': 2, 'speedup': (4.71, 5.02, 5.34), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (540, 4557), 'total_seq_len': (2508, None)}, 'workloads': 11, 'speedup': (1.82, 2.88, 3.95), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4557, None), 'total_seq_len': (2508, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (32, 128), 'total_seq_len': (6128, None)}, 'workloads': 4, 'speedup': (1.43, 1.5, 1.6), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (128, None), 'total_seq_len': (6128, None)}, 'workloads': 4, 'speedup': (1.33, 1.63, 1.91), 'fallbacks': ('flashinfer_direct',)},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -114,40 +110,34 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 4 workloads, 8.73x (7.31x .. 9.77x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and num_seqs <= 8 and mean_seq_len <= 3:
+    if total_seq_len <= 22 and num_seqs <= 9 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 6 workloads, 7.63x (6.16x .. 8.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and num_seqs <= 8 and 3 < mean_seq_len <= 540:
+    if total_seq_len <= 22 and num_seqs <= 9 and 3 < mean_seq_len <= 540:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 3: 2 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4753 and num_seqs <= 8 and mean_seq_len > 2508:
+    if total_seq_len <= 4753 and num_seqs <= 9 and mean_seq_len > 2508:
         return 'cuda_prefill_cp.p4'
     # region 4: 7 workloads, 1.31x (1.06x .. 1.51x) over vllm_flashinfer_prefill
-    if total_seq_len <= 6006 and num_seqs <= 8 and 540 < mean_seq_len <= 2508:
+    if total_seq_len <= 6006 and num_seqs <= 9 and 540 < mean_seq_len <= 2508:
         return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
-    # region 5: 10 workloads, 1.15x (1.06x .. 1.26x) over vllm_flashinfer_prefill
-    if 8 < num_seqs <= 16 and mean_seq_len <= 30:
-        return ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 12 workloads, 1.15x (1.03x .. 1.23x) over vllm_flashinfer_prefill
-    if num_seqs > 8 and 30 < mean_seq_len <= 45:
+    # region 5: 51 workloads, 1.27x (1.04x .. 1.62x) over vllm_flashinfer_prefill
+    if num_seqs > 9 and mean_seq_len <= 45:
         return 'cuda_prefill_staged.r64s4'
-    # region 7: 22 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 8 and mean_seq_len > 45:
+    # region 6: 22 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 9 and mean_seq_len > 45:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 30 workloads, 1.37x (1.07x .. 1.63x) over vllm_flashinfer_prefill
-    if num_seqs > 16 and mean_seq_len <= 30:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 7 workloads, 6.15x (4.53x .. 7.40x) over vllm_flashinfer_prefill
-    if 22 < total_seq_len <= 59 and num_seqs <= 8 and mean_seq_len <= 540:
+    # region 7: 7 workloads, 6.15x (4.53x .. 7.40x) over vllm_flashinfer_prefill
+    if 22 < total_seq_len <= 35 and num_seqs <= 9 and mean_seq_len <= 540:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 10: 45 workloads, 3.12x (1.05x .. 5.73x) over vllm_flashinfer_prefill
-    if total_seq_len > 59 and num_seqs <= 8 and mean_seq_len <= 540:
+    # region 8: 46 workloads, 3.05x (1.05x .. 5.70x) over vllm_flashinfer_prefill
+    if total_seq_len > 35 and num_seqs <= 9 and mean_seq_len <= 540:
         return 'cuda_prefill_staged.r32s4'
-    # region 11: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs <= 8 and mean_seq_len > 2508:
+    # region 9: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs <= 9 and mean_seq_len > 2508:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 6 workloads, 1.34x (1.14x .. 1.92x) over vllm_flashinfer_prefill
-    if total_seq_len > 6006 and num_seqs <= 8 and 540 < mean_seq_len <= 2508:
+    # region 10: 6 workloads, 1.34x (1.14x .. 1.92x) over vllm_flashinfer_prefill
+    if total_seq_len > 6006 and num_seqs <= 9 and 540 < mean_seq_len <= 2508:
         return 'cuda_prefill_cp.p8'
     return 'vllm_flashinfer_prefill'
 
@@ -155,39 +145,39 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 25 workloads, 7.17x (2.99x .. 15.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 78 and mean_seq_len <= 18:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 2 workloads, 8.86x (7.36x .. 10.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 78 and 18 < mean_seq_len <= 107:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 3: 34 workloads, 5.38x (1.81x .. 9.82x) over vllm_flashinfer_prefill
-    if num_seqs <= 16 and 107 < mean_seq_len <= 761:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 4: 5 workloads, 3.24x (2.47x .. 5.18x) over vllm_flashinfer_prefill
-    if 761 < mean_seq_len <= 1097:
+    # region 1: 37 workloads, 6.94x (2.91x .. 15.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 212 and num_seqs <= 32 and mean_seq_len <= 540:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 2 workloads, 5.41x (5.32x .. 5.51x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1438 and mean_seq_len > 540:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 3: 7 workloads, 2.86x (2.07x .. 3.64x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6128 and num_seqs > 32 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 21 workloads, 2.40x (1.68x .. 3.60x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6128 and num_seqs > 32 and 2 < mean_seq_len <= 540:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 5: 13 workloads, 5.19x (3.11x .. 8.98x) over vllm_flashinfer_prefill
+    if 212 < total_seq_len <= 292 and num_seqs <= 32 and mean_seq_len <= 540:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 50 workloads, 3.61x (1.39x .. 8.87x) over vllm_flashinfer_prefill
+    if total_seq_len > 292 and num_seqs <= 32 and mean_seq_len <= 540:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 2 workloads, 5.02x (4.71x .. 5.34x) over vllm_flashinfer_prefill
+    if 1438 < total_seq_len <= 2508 and mean_seq_len > 540:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p4'
+    # region 8: 11 workloads, 2.88x (1.82x .. 3.95x) over vllm_flashinfer_prefill
+    if total_seq_len > 2508 and 540 < mean_seq_len <= 4557:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 5: 2 workloads, 4.83x (4.14x .. 5.64x) over vllm_flashinfer_prefill
-    if 1097 < mean_seq_len <= 1696:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 6 workloads, 2.96x (1.82x .. 4.70x) over vllm_flashinfer_prefill
-    if 1696 < mean_seq_len <= 4557:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 7: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if mean_seq_len > 4557:
+    # region 9: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2508 and mean_seq_len > 4557:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 4 workloads, 2.36x (1.75x .. 3.18x) over vllm_flashinfer_prefill
-    if 16 < num_seqs <= 39 and 107 < mean_seq_len <= 761:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 5 workloads, 1.44x (1.24x .. 1.60x) over vllm_flashinfer_prefill
-    if num_seqs > 39 and 107 < mean_seq_len <= 761:
+    # region 10: 4 workloads, 1.50x (1.43x .. 1.60x) over vllm_flashinfer_prefill
+    if total_seq_len > 6128 and 32 < num_seqs <= 128 and mean_seq_len <= 540:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 10: 13 workloads, 5.05x (2.87x .. 10.75x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 180 and mean_seq_len <= 107:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 11: 55 workloads, 3.37x (1.77x .. 11.06x) over vllm_flashinfer_prefill
-    if total_seq_len > 180 and mean_seq_len <= 107:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 11: 4 workloads, 1.63x (1.33x .. 1.91x) over vllm_flashinfer_prefill
+    if total_seq_len > 6128 and num_seqs > 128 and mean_seq_len <= 540:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
     return 'vllm_flashinfer_prefill'
 
 
@@ -196,187 +186,185 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.51% mean, 199.25% max;
-#             1.503x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.08% mean, 64.81% max;
-#             3.854x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.46% mean, 199.25% max;
+#             1.504x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.34% mean, 63.89% max;
+#             3.583x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 13 and num_seqs <= 5 and mean_seq_len > 4 and max_seq_len <= 23: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.66x (7.66x .. 7.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   2. total_seq_len <= 79 and num_seqs <= 3 and mean_seq_len <= 4 and max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.12x (7.82x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   3. total_seq_len <= 79 and num_seqs > 3 and mean_seq_len <= 4 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 11 workloads, 4.72x (1.34x .. 10.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 152 and num_seqs <= 5 and mean_seq_len > 4 and max_seq_len > 23: cuda_prefill_staged.r32s4, 10 workloads, 4.16x (3.10x .. 5.22x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   5. total_seq_len <= 152 and num_seqs <= 11 and mean_seq_len <= 4 and 11 < max_seq_len <= 13: triton_prefill_fused.c16v32, 1 workloads, 7.10x (7.10x .. 7.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   6. total_seq_len <= 152 and num_seqs <= 11 and mean_seq_len <= 4 and max_seq_len > 13: cuda_prefill_staged.r32s4, 1 workloads, 6.23x (6.23x .. 6.23x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
-#   7. total_seq_len <= 152 and num_seqs > 5 and 4 < mean_seq_len <= 9 and max_seq_len <= 11: triton_prefill_fused.c16v64, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   8. total_seq_len <= 152 and num_seqs > 5 and 4 < mean_seq_len <= 9 and max_seq_len > 11: cuda_prefill_staged.r32s4, 2 workloads, 1.10x (1.06x .. 1.14x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 152 and num_seqs > 5 and mean_seq_len > 9 and max_seq_len <= 16: triton_prefill_fused.c16v64, 1 workloads, 7.05x (7.05x .. 7.05x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   10. total_seq_len <= 152 and num_seqs > 5 and mean_seq_len > 9 and max_seq_len > 16: cuda_prefill_staged.r32s4, 2 workloads, 4.93x (4.60x .. 5.27x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   11. total_seq_len <= 152 and num_seqs > 11 and mean_seq_len <= 4 and max_seq_len > 11: cuda_prefill_staged.r64s4, 3 workloads, 1.24x (1.13x .. 1.45x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. 13 < total_seq_len <= 152 and num_seqs <= 5 and mean_seq_len > 4 and max_seq_len <= 23: triton_prefill_fused.c16v32, 3 workloads, 6.47x (5.55x .. 7.11x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
-#   13. 79 < total_seq_len <= 152 and mean_seq_len <= 4 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.65x (1.65x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64
-#   14. 79 < total_seq_len <= 152 and mean_seq_len <= 4 and 8 < max_seq_len <= 11: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64
-#   15. 152 < total_seq_len <= 215 and num_seqs <= 22 and 8 < max_seq_len <= 136: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64
-#   16. 152 < total_seq_len <= 215 and num_seqs > 22 and 8 < max_seq_len <= 136: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4
-#   17. 152 < total_seq_len <= 304 and num_seqs <= 90 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64
-#   18. 152 < total_seq_len <= 304 and num_seqs <= 90 and 6 < max_seq_len <= 8: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v64
-#   19. 152 < total_seq_len <= 929 and mean_seq_len <= 9 and max_seq_len > 136: cuda_prefill_staged.r64s4, 4 workloads, 1.41x (1.24x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   20. 152 < total_seq_len <= 929 and mean_seq_len > 9 and max_seq_len > 136: cuda_prefill_staged.r32s4, 14 workloads, 2.30x (1.10x .. 4.06x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   21. 152 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len <= 2 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.61x (1.61x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4
-#   22. 152 < total_seq_len <= 929 and num_seqs > 90 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.64x (1.64x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v64
-#   23. 152 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len > 2 and 4 < max_seq_len <= 8: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8
-#   24. 215 < total_seq_len <= 929 and 8 < max_seq_len <= 136: cuda_prefill_staged.r64s4, 17 workloads, 2.04x (1.03x .. 5.33x) over vllm_flashinfer_prefill
-#   25. 304 < total_seq_len <= 929 and num_seqs <= 90 and max_seq_len <= 8: cuda_prefill_staged.r64s4, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64
-#   26. 929 < total_seq_len <= 1722 and num_seqs <= 9 and max_seq_len <= 633: cuda_prefill_staged.r32s4, 6 workloads, 2.85x (2.04x .. 4.64x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_cp.p4, cuda_prefill_cp.p8
-#   27. 929 < total_seq_len <= 1722 and num_seqs <= 9 and 633 < max_seq_len <= 795: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct
-#   28. 929 < total_seq_len <= 3444 and num_seqs <= 9 and 795 < max_seq_len <= 1081: cuda_prefill_cp.p4, 4 workloads, 1.65x (1.42x .. 2.03x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct
-#   29. 929 < total_seq_len <= 3444 and 9 < num_seqs <= 39 and 756 < max_seq_len <= 3435: cuda_prefill_cp.p8, 4 workloads, 1.24x (1.06x .. 1.45x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   30. 929 < total_seq_len <= 3444 and num_seqs > 39 and 164 < max_seq_len <= 3435: cuda_prefill_staged.r64s4, 4 workloads, 1.17x (1.08x .. 1.31x) over vllm_flashinfer_prefill
-#   31. 929 < total_seq_len <= 5756 and num_seqs <= 2 and max_seq_len > 1081: cuda_prefill_cp.p4, 5 workloads, 1.25x (1.05x .. 1.51x) over vllm_flashinfer_prefill
-#   32. 929 < total_seq_len <= 5756 and 2 < num_seqs <= 9 and max_seq_len > 1081: cuda_prefill_cp.p8, 6 workloads, 1.39x (1.05x .. 2.01x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   33. 929 < total_seq_len <= 6888 and 9 < num_seqs <= 39 and max_seq_len <= 756: flashinfer_direct, 9 workloads, 1.09x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-#   34. total_seq_len > 929 and num_seqs > 9 and mean_seq_len <= 861 and 3435 < max_seq_len <= 5265: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
-#   35. total_seq_len > 929 and num_seqs > 9 and mean_seq_len <= 1217 and max_seq_len > 5265: cuda_prefill_cp.p8, 4 workloads, 1.84x (1.44x .. 2.03x) over vllm_flashinfer_prefill
-#   36. total_seq_len > 929 and num_seqs > 9 and mean_seq_len > 861 and 3435 < max_seq_len <= 5265: vllm_flashinfer_prefill (baseline), 0 workloads
-#   37. total_seq_len > 929 and num_seqs > 9 and mean_seq_len > 1217 and 5265 < max_seq_len <= 12872: vllm_flashinfer_prefill (baseline), 0 workloads
-#   38. total_seq_len > 929 and num_seqs > 9 and mean_seq_len > 1217 and max_seq_len > 12872: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
-#   39. total_seq_len > 929 and num_seqs > 39 and mean_seq_len <= 53 and max_seq_len <= 164: cuda_prefill_staged.r64s4, 10 workloads, 1.34x (1.17x .. 1.52x) over vllm_flashinfer_prefill
-#   40. total_seq_len > 929 and num_seqs > 39 and mean_seq_len > 53 and max_seq_len <= 164: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32
-#   41. 1722 < total_seq_len <= 5756 and num_seqs <= 5 and max_seq_len <= 795: cuda_prefill_staged.r32s4, 2 workloads, 2.44x (2.10x .. 2.84x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_cp.p4, cuda_prefill_cp.p8
-#   42. 1722 < total_seq_len <= 5756 and 5 < num_seqs <= 9 and max_seq_len <= 795: vllm_flashinfer_prefill.cp_off, 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p8
-#   43. 3444 < total_seq_len <= 5756 and num_seqs <= 9 and 795 < max_seq_len <= 1081: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   44. total_seq_len > 3444 and 9 < num_seqs <= 39 and 756 < max_seq_len <= 3435: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   45. total_seq_len > 3444 and num_seqs > 39 and mean_seq_len <= 53 and 295 < max_seq_len <= 3435: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   46. total_seq_len > 3444 and num_seqs > 39 and mean_seq_len <= 75 and 164 < max_seq_len <= 295: cuda_prefill_staged.r64s4, 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   47. total_seq_len > 3444 and num_seqs > 39 and mean_seq_len > 53 and 295 < max_seq_len <= 3435: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
-#   48. total_seq_len > 3444 and num_seqs > 39 and mean_seq_len > 75 and 164 < max_seq_len <= 295: vllm_flashinfer_prefill (baseline), 0 workloads
-#   49. 5756 < total_seq_len <= 6888 and num_seqs <= 9 and 1340 < max_seq_len <= 1920: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4
-#   50. total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len <= 1217 and 1920 < max_seq_len <= 4528: cuda_prefill_cp.p8, 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill
-#   51. total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len <= 1722 and max_seq_len > 4528: cuda_prefill_cp.p8, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
-#   52. total_seq_len > 5756 and num_seqs <= 9 and max_seq_len <= 1340: flashinfer_direct, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   53. total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len > 1217 and 1920 < max_seq_len <= 4528: cuda_prefill_staged.r32s4, 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p4, cuda_prefill_cp.p8; engine plugins keep the engine's kernel (`hand_back`)
-#   54. total_seq_len > 5756 and num_seqs <= 9 and 1722 < mean_seq_len <= 2435 and max_seq_len > 4528: cuda_prefill_cp.p8, 2 workloads, 1.19x (1.19x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   55. total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len > 2435 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   56. total_seq_len > 6888 and num_seqs <= 9 and 1340 < max_seq_len <= 1920: vllm_flashinfer_prefill (baseline), 0 workloads
-#   57. total_seq_len > 6888 and 9 < num_seqs <= 39 and max_seq_len <= 756: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
+#   1. total_seq_len <= 42 and num_seqs <= 1 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.73x (8.73x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64
+#   2. total_seq_len <= 42 and num_seqs <= 3 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 3 workloads, 7.77x (7.66x .. 7.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   3. total_seq_len <= 42 and num_seqs <= 5 and 7 < max_seq_len <= 795: triton_prefill_fused.c16v32, 5 workloads, 5.88x (4.53x .. 7.11x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
+#   4. total_seq_len <= 42 and 1 < num_seqs <= 9 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 10.30x (10.30x .. 10.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   5. total_seq_len <= 42 and 3 < num_seqs <= 9 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 5 workloads, 6.37x (1.68x .. 9.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 42 and 5 < num_seqs <= 9 and 7 < max_seq_len <= 11: cuda_prefill_pool_rows.k8c8, 2 workloads, 7.10x (6.90x .. 7.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   7. total_seq_len <= 42 and 5 < num_seqs <= 9 and 11 < max_seq_len <= 795: cuda_prefill_staged.r32s4, 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
+#   8. total_seq_len <= 1722 and num_seqs > 9 and mean_seq_len > 53 and max_seq_len <= 408: flashinfer_direct, 2 workloads, 1.10x (1.08x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 1722 and num_seqs > 9 and mean_seq_len > 53 and 408 < max_seq_len <= 3435: cuda_prefill_cp.p8, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
+#   10. total_seq_len <= 3444 and 5 < num_seqs <= 9 and 795 < max_seq_len <= 1162: cuda_prefill_cp.p8, 2 workloads, 2.02x (2.01x .. 2.03x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct
+#   11. total_seq_len <= 3444 and num_seqs > 9 and mean_seq_len <= 9 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.65x (1.46x .. 2.24x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   12. total_seq_len <= 3444 and num_seqs > 9 and mean_seq_len <= 9 and 6 < max_seq_len <= 3435: cuda_prefill_staged.r64s4, 21 workloads, 1.33x (1.04x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   13. total_seq_len <= 3444 and num_seqs > 9 and 9 < mean_seq_len <= 53 and max_seq_len <= 932: cuda_prefill_staged.r64s4, 18 workloads, 1.16x (1.04x .. 1.41x) over vllm_flashinfer_prefill
+#   14. total_seq_len <= 3444 and num_seqs > 9 and 9 < mean_seq_len <= 53 and 932 < max_seq_len <= 3435: cuda_prefill_cp.p8, 1 workloads, 1.40x (1.40x .. 1.40x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   15. total_seq_len <= 6888 and num_seqs <= 1 and max_seq_len > 4093: cuda_prefill_cp.p4, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   16. total_seq_len <= 6888 and num_seqs <= 2 and 1162 < max_seq_len <= 4093: cuda_prefill_cp.p4, 4 workloads, 1.31x (1.12x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   17. total_seq_len <= 6888 and num_seqs <= 5 and 795 < max_seq_len <= 1162: cuda_prefill_cp.p4, 3 workloads, 1.53x (1.42x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct
+#   18. total_seq_len <= 6888 and 1 < num_seqs <= 9 and max_seq_len > 4093: cuda_prefill_cp.p8, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
+#   19. total_seq_len <= 6888 and 2 < num_seqs <= 9 and 1162 < max_seq_len <= 4093: cuda_prefill_cp.p8, 4 workloads, 1.36x (1.16x .. 1.48x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   20. num_seqs > 9 and mean_seq_len <= 861 and 3435 < max_seq_len <= 5265: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
+#   21. num_seqs > 9 and mean_seq_len <= 1217 and max_seq_len > 5265: cuda_prefill_cp.p8, 4 workloads, 1.84x (1.44x .. 2.03x) over vllm_flashinfer_prefill
+#   22. num_seqs > 9 and mean_seq_len > 861 and 3435 < max_seq_len <= 5265: vllm_flashinfer_prefill (baseline), 0 workloads
+#   23. num_seqs > 9 and mean_seq_len > 1217 and 5265 < max_seq_len <= 12872: vllm_flashinfer_prefill (baseline), 0 workloads
+#   24. num_seqs > 9 and mean_seq_len > 1217 and max_seq_len > 12872: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
+#   25. 42 < total_seq_len <= 1722 and num_seqs <= 9 and max_seq_len <= 795: cuda_prefill_staged.r32s4, 36 workloads, 3.56x (1.71x .. 5.70x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   26. 1722 < total_seq_len <= 3444 and num_seqs > 9 and mean_seq_len > 53 and max_seq_len <= 756: flashinfer_direct, 5 workloads, 1.08x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+#   27. 1722 < total_seq_len <= 3444 and num_seqs > 9 and mean_seq_len > 53 and 756 < max_seq_len <= 3435: cuda_prefill_cp.p8, 2 workloads, 1.43x (1.40x .. 1.45x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   28. total_seq_len > 1722 and num_seqs <= 5 and mean_seq_len > 304 and max_seq_len <= 795: cuda_prefill_staged.r32s4, 2 workloads, 2.44x (2.10x .. 2.84x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_cp.p4, cuda_prefill_cp.p8
+#   29. total_seq_len > 1722 and num_seqs <= 9 and mean_seq_len <= 304 and max_seq_len <= 639: vllm_flashinfer_prefill.cp_off, 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p8
+#   30. total_seq_len > 1722 and num_seqs <= 9 and mean_seq_len <= 304 and 639 < max_seq_len <= 795: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   31. total_seq_len > 1722 and 5 < num_seqs <= 9 and mean_seq_len > 304 and max_seq_len <= 795: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p8
+#   32. 3444 < total_seq_len <= 6888 and 5 < num_seqs <= 9 and 795 < max_seq_len <= 1162: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   33. 3444 < total_seq_len <= 6888 and 9 < num_seqs <= 21 and max_seq_len <= 1340: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   34. 3444 < total_seq_len <= 6888 and num_seqs > 9 and 1340 < max_seq_len <= 1920: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
+#   35. 3444 < total_seq_len <= 9741 and num_seqs > 9 and 1920 < max_seq_len <= 3435: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
+#   36. total_seq_len > 3444 and num_seqs > 21 and mean_seq_len <= 30 and max_seq_len <= 1340: cuda_prefill_staged.r64s4, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+#   37. total_seq_len > 3444 and num_seqs > 21 and 30 < mean_seq_len <= 75 and max_seq_len <= 633: cuda_prefill_staged.r64s4, 2 workloads, 1.21x (1.21x .. 1.22x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   38. total_seq_len > 3444 and num_seqs > 21 and 30 < mean_seq_len <= 107 and 633 < max_seq_len <= 1340: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   39. total_seq_len > 3444 and num_seqs > 21 and mean_seq_len > 75 and max_seq_len <= 633: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
+#   40. total_seq_len > 3444 and num_seqs > 21 and mean_seq_len > 107 and 633 < max_seq_len <= 1340: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   41. 6888 < total_seq_len <= 9101 and num_seqs <= 2 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
+#   42. 6888 < total_seq_len <= 9101 and 2 < num_seqs <= 9 and max_seq_len > 4528: cuda_prefill_cp.p8, 3 workloads, 1.19x (1.17x .. 1.21x) over vllm_flashinfer_prefill
+#   43. total_seq_len > 6888 and num_seqs <= 9 and mean_seq_len <= 1217 and 1920 < max_seq_len <= 4528: cuda_prefill_cp.p8, 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill
+#   44. total_seq_len > 6888 and num_seqs <= 9 and 795 < max_seq_len <= 1340: flashinfer_direct, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   45. total_seq_len > 6888 and num_seqs <= 9 and mean_seq_len > 1217 and 1920 < max_seq_len <= 4528: cuda_prefill_staged.r32s4, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p4, cuda_prefill_cp.p8; engine plugins keep the engine's kernel (`hand_back`)
+#   46. total_seq_len > 6888 and 1340 < max_seq_len <= 1920: vllm_flashinfer_prefill (baseline), 0 workloads
+#   47. total_seq_len > 6888 and 9 < num_seqs <= 21 and max_seq_len <= 1340: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   48. total_seq_len > 9101 and num_seqs <= 9 and mean_seq_len <= 1722 and max_seq_len > 4528: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
+#   49. total_seq_len > 9101 and num_seqs <= 9 and mean_seq_len > 1722 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   50. total_seq_len > 9741 and num_seqs > 9 and 1920 < max_seq_len <= 3435: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 37 and num_seqs <= 8 and max_seq_len <= 64: cuda_prefill_pool_rows.k8c8, 17 workloads, 8.33x (5.86x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 107 and num_seqs <= 1 and 64 < max_seq_len <= 2036: cuda_prefill_pool_rows.k16c8, 1 workloads, 11.11x (11.11x .. 11.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 152 and num_seqs > 8 and 6 < max_seq_len <= 28: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.29x (3.15x .. 6.97x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   4. total_seq_len <= 267 and 1 < num_seqs <= 8 and 64 < max_seq_len <= 88: cuda_prefill_pool_rows.k8c8, 2 workloads, 5.62x (4.45x .. 7.09x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 267 and 1 < num_seqs <= 8 and 88 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 8 workloads, 6.48x (3.77x .. 11.06x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 267 and num_seqs > 8 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.61x (2.76x .. 6.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 267 and num_seqs > 8 and 28 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 6 workloads, 3.66x (2.60x .. 5.53x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
-#   8. total_seq_len <= 9101 and mean_seq_len > 6888 and max_seq_len > 2036: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
-#   9. total_seq_len <= 13277 and mean_seq_len <= 6888 and max_seq_len > 2036: cuda_prefill_cp.p8, 15 workloads, 2.95x (1.82x .. 4.70x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   10. 37 < total_seq_len <= 267 and num_seqs <= 8 and max_seq_len <= 39: cuda_prefill_pool_rows.k8c8, 5 workloads, 7.73x (4.63x .. 13.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. 37 < total_seq_len <= 267 and num_seqs <= 8 and 39 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 4 workloads, 7.70x (4.77x .. 10.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. 107 < total_seq_len <= 267 and num_seqs <= 1 and 64 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 2 workloads, 8.54x (7.75x .. 9.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. 152 < total_seq_len <= 267 and num_seqs > 8 and 6 < max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 2 workloads, 4.50x (3.53x .. 5.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   14. 267 < total_seq_len <= 23443 and num_seqs <= 90 and mean_seq_len > 4 and max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.34x (2.41x .. 5.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   15. 267 < total_seq_len <= 23443 and mean_seq_len <= 4 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.70x (2.07x .. 3.17x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. 267 < total_seq_len <= 23443 and mean_seq_len <= 4 and 11 < max_seq_len <= 16: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   17. 267 < total_seq_len <= 23443 and 16 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 69 workloads, 3.90x (1.77x .. 8.90x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   18. 267 < total_seq_len <= 23443 and num_seqs > 90 and mean_seq_len > 4 and max_seq_len <= 16: cuda_prefill_staged.r64s4, 1 workloads, 2.90x (2.90x .. 2.90x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   19. 9101 < total_seq_len <= 13277 and mean_seq_len > 6888 and max_seq_len > 2036: cuda_prefill_cp.p8, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   20. 13277 < total_seq_len <= 19483 and num_seqs <= 1 and max_seq_len > 2036: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4
-#   21. 13277 < total_seq_len <= 19483 and 1 < num_seqs <= 3 and max_seq_len > 2036: cuda_prefill_cp.p8, 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p4; engine plugins keep the engine's kernel (`hand_back`)
-#   22. 13277 < total_seq_len <= 19483 and num_seqs > 3 and max_seq_len > 2036: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4
-#   23. total_seq_len > 19483 and num_seqs <= 2 and 2036 < max_seq_len <= 23169: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4
-#   24. total_seq_len > 19483 and num_seqs <= 2 and max_seq_len > 23169: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
-#   25. total_seq_len > 19483 and num_seqs > 2 and max_seq_len > 2036: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
-#   26. total_seq_len > 23443 and max_seq_len <= 355: cuda_prefill_staged.r64s4, 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 23443 and 355 < max_seq_len <= 724: flashinfer_direct, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   28. total_seq_len > 23443 and 724 < max_seq_len <= 2036: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 53 and num_seqs > 8 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.66x (3.03x .. 4.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 107 and num_seqs > 8 and 6 < max_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 152 and num_seqs <= 8 and 122 < max_seq_len <= 1794: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.31x (8.31x .. 8.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 215 and num_seqs <= 8 and max_seq_len <= 122: cuda_prefill_pool_rows.k8c8, 28 workloads, 7.95x (3.38x .. 15.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 215 and num_seqs > 8 and 8 < max_seq_len <= 32: cuda_prefill_pool_rows.k4c8, 3 workloads, 3.64x (3.15x .. 4.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   6. total_seq_len <= 215 and num_seqs > 8 and 32 < max_seq_len <= 1794: cuda_prefill_pool_rows.k8c8, 3 workloads, 3.66x (2.91x .. 4.26x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   7. total_seq_len <= 9101 and mean_seq_len > 6888 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
+#   8. total_seq_len <= 13277 and mean_seq_len <= 6888 and max_seq_len > 1794: cuda_prefill_cp.p8, 18 workloads, 2.97x (1.82x .. 4.70x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   9. 53 < total_seq_len <= 215 and num_seqs > 8 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.01x (3.12x .. 6.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   10. 107 < total_seq_len <= 215 and num_seqs > 8 and 6 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 7.25x (7.25x .. 7.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. 152 < total_seq_len <= 215 and num_seqs <= 8 and 122 < max_seq_len <= 1794: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. 215 < total_seq_len <= 304 and mean_seq_len <= 37 and 225 < max_seq_len <= 1794: triton_prefill_fused.c16v32, 2 workloads, 3.21x (3.11x .. 3.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct
+#   13. 215 < total_seq_len <= 304 and mean_seq_len > 37 and 181 < max_seq_len <= 1794: triton_prefill_fused.c16v32, 3 workloads, 5.32x (4.47x .. 7.23x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   14. 215 < total_seq_len <= 663 and num_seqs <= 5 and mean_seq_len > 37 and max_seq_len <= 181: triton_prefill_fused.c16v32, 5 workloads, 7.14x (5.28x .. 8.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   15. 215 < total_seq_len <= 663 and mean_seq_len <= 37 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 15 workloads, 3.83x (2.07x .. 5.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct
+#   16. 215 < total_seq_len <= 663 and mean_seq_len <= 37 and 56 < max_seq_len <= 225: cuda_prefill_staged.r64s4, 2 workloads, 2.29x (1.68x .. 3.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 215 < total_seq_len <= 663 and num_seqs > 5 and mean_seq_len > 37 and max_seq_len <= 181: triton_prefill_fused.c16v64, 1 workloads, 9.54x (9.54x .. 9.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 304 < total_seq_len <= 663 and mean_seq_len <= 37 and 225 < max_seq_len <= 1794: cuda_prefill_staged.r64s4, 5 workloads, 2.65x (2.20x .. 3.60x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   19. 304 < total_seq_len <= 663 and mean_seq_len > 37 and 181 < max_seq_len <= 1794: cuda_prefill_staged.r32s4, 5 workloads, 6.19x (5.02x .. 7.19x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. 663 < total_seq_len <= 1217 and max_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.62x (2.41x .. 3.00x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   21. 663 < total_seq_len <= 1217 and 27 < max_seq_len <= 932: cuda_prefill_staged.r64s4, 19 workloads, 3.81x (1.72x .. 8.87x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   22. 663 < total_seq_len <= 6888 and mean_seq_len <= 9 and 932 < max_seq_len <= 1794: cuda_prefill_staged.r64s4, 1 workloads, 2.00x (2.00x .. 2.00x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   23. 663 < total_seq_len <= 6888 and mean_seq_len > 9 and 932 < max_seq_len <= 1794: cuda_prefill_cp.p8, 6 workloads, 4.34x (2.73x .. 5.58x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct
+#   24. 1217 < total_seq_len <= 23443 and max_seq_len <= 932: cuda_prefill_staged.r64s4, 21 workloads, 2.69x (1.60x .. 6.59x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   25. total_seq_len > 6888 and num_seqs <= 22 and 932 < max_seq_len <= 1794: cuda_prefill_staged.r64s4, 2 workloads, 2.38x (1.39x .. 4.06x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len > 6888 and num_seqs > 22 and 932 < max_seq_len <= 1794: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. 9101 < total_seq_len <= 13277 and mean_seq_len > 6888 and max_seq_len > 1794: cuda_prefill_cp.p8, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   28. 13277 < total_seq_len <= 19483 and num_seqs <= 1 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
+#   29. 13277 < total_seq_len <= 19483 and 1 < num_seqs <= 3 and max_seq_len > 1794: cuda_prefill_cp.p8, 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p4; engine plugins keep the engine's kernel (`hand_back`)
+#   30. 13277 < total_seq_len <= 19483 and num_seqs > 3 and max_seq_len > 1794: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4
+#   31. total_seq_len > 19483 and num_seqs <= 2 and 1794 < max_seq_len <= 23169: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4
+#   32. total_seq_len > 19483 and num_seqs <= 2 and max_seq_len > 23169: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   33. total_seq_len > 19483 and num_seqs > 2 and max_seq_len > 1794: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
+#   34. total_seq_len > 23443 and max_seq_len <= 932: flashinfer_direct, 2 workloads, 1.33x (1.24x .. 1.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (4, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 13)}, 'workloads': 1, 'speedup': (7.66, 7.66, 7.66), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 4), 'num_seqs': (None, 3), 'total_seq_len': (None, 79)}, 'workloads': 3, 'speedup': (7.82, 8.12, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 4), 'num_seqs': (3, None), 'total_seq_len': (None, 79)}, 'workloads': 11, 'speedup': (1.34, 4.72, 10.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (4, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 152)}, 'workloads': 10, 'speedup': (3.1, 4.16, 5.22), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 13), 'mean_seq_len': (None, 4), 'num_seqs': (None, 11), 'total_seq_len': (None, 152)}, 'workloads': 1, 'speedup': (7.1, 7.1, 7.1), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 4), 'num_seqs': (None, 11), 'total_seq_len': (None, 152)}, 'workloads': 1, 'speedup': (6.23, 6.23, 6.23), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (4, 9), 'num_seqs': (5, None), 'total_seq_len': (None, 152)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (4, 9), 'num_seqs': (5, None), 'total_seq_len': (None, 152)}, 'workloads': 2, 'speedup': (1.06, 1.1, 1.14), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (9, None), 'num_seqs': (5, None), 'total_seq_len': (None, 152)}, 'workloads': 1, 'speedup': (7.05, 7.05, 7.05), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (16, None), 'mean_seq_len': (9, None), 'num_seqs': (5, None), 'total_seq_len': (None, 152)}, 'workloads': 2, 'speedup': (4.6, 4.93, 5.27), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (None, 4), 'num_seqs': (11, None), 'total_seq_len': (None, 152)}, 'workloads': 3, 'speedup': (1.13, 1.24, 1.45), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (4, None), 'num_seqs': (None, 5), 'total_seq_len': (13, 152)}, 'workloads': 3, 'speedup': (5.55, 6.47, 7.11), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 4), 'total_seq_len': (79, 152)}, 'workloads': 2, 'speedup': (1.65, 1.65, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 11), 'mean_seq_len': (None, 4), 'total_seq_len': (79, 152)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (8, 136), 'num_seqs': (None, 22), 'total_seq_len': (152, 215)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 136), 'num_seqs': (22, None), 'total_seq_len': (152, 215)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (None, 90), 'total_seq_len': (152, 304)}, 'workloads': 1, 'speedup': (1.47, 1.47, 1.47), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (6, 8), 'num_seqs': (None, 90), 'total_seq_len': (152, 304)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (136, None), 'mean_seq_len': (None, 9), 'total_seq_len': (152, 929)}, 'workloads': 4, 'speedup': (1.24, 1.41, 1.56), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (136, None), 'mean_seq_len': (9, None), 'total_seq_len': (152, 929)}, 'workloads': 14, 'speedup': (1.1, 2.3, 4.06), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 8), 'mean_seq_len': (None, 2), 'num_seqs': (90, None), 'total_seq_len': (152, 929)}, 'workloads': 1, 'speedup': (1.61, 1.61, 1.61), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (90, None), 'total_seq_len': (152, 929)}, 'workloads': 1, 'speedup': (1.64, 1.64, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4, 8), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (152, 929)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 136), 'total_seq_len': (215, 929)}, 'workloads': 17, 'speedup': (1.03, 2.04, 5.33), 'fallbacks': ()},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (None, 90), 'total_seq_len': (304, 929)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 633), 'num_seqs': (None, 9), 'total_seq_len': (929, 1722)}, 'workloads': 6, 'speedup': (2.04, 2.85, 4.64), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8')},
-    {'region': 27, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (633, 795), 'num_seqs': (None, 9), 'total_seq_len': (929, 1722)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 28, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (795, 1081), 'num_seqs': (None, 9), 'total_seq_len': (929, 3444)}, 'workloads': 4, 'speedup': (1.42, 1.65, 2.03), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 29, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (756, 3435), 'num_seqs': (9, 39), 'total_seq_len': (929, 3444)}, 'workloads': 4, 'speedup': (1.06, 1.24, 1.45), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (164, 3435), 'num_seqs': (39, None), 'total_seq_len': (929, 3444)}, 'workloads': 4, 'speedup': (1.08, 1.17, 1.31), 'fallbacks': ()},
-    {'region': 31, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1081, None), 'num_seqs': (None, 2), 'total_seq_len': (929, 5756)}, 'workloads': 5, 'speedup': (1.05, 1.25, 1.51), 'fallbacks': ()},
-    {'region': 32, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1081, None), 'num_seqs': (2, 9), 'total_seq_len': (929, 5756)}, 'workloads': 6, 'speedup': (1.05, 1.39, 2.01), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 756), 'num_seqs': (9, 39), 'total_seq_len': (929, 6888)}, 'workloads': 9, 'speedup': (1.04, 1.09, 1.11), 'fallbacks': ()},
-    {'region': 34, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (3435, 5265), 'mean_seq_len': (None, 861), 'num_seqs': (9, None), 'total_seq_len': (929, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 35, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (5265, None), 'mean_seq_len': (None, 1217), 'num_seqs': (9, None), 'total_seq_len': (929, None)}, 'workloads': 4, 'speedup': (1.44, 1.84, 2.03), 'fallbacks': ()},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3435, 5265), 'mean_seq_len': (861, None), 'num_seqs': (9, None), 'total_seq_len': (929, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5265, 12872), 'mean_seq_len': (1217, None), 'num_seqs': (9, None), 'total_seq_len': (929, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 38, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (12872, None), 'mean_seq_len': (1217, None), 'num_seqs': (9, None), 'total_seq_len': (929, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 39, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 164), 'mean_seq_len': (None, 53), 'num_seqs': (39, None), 'total_seq_len': (929, None)}, 'workloads': 10, 'speedup': (1.17, 1.34, 1.52), 'fallbacks': ()},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 164), 'mean_seq_len': (53, None), 'num_seqs': (39, None), 'total_seq_len': (929, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 41, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 795), 'num_seqs': (None, 5), 'total_seq_len': (1722, 5756)}, 'workloads': 2, 'speedup': (2.1, 2.44, 2.84), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 795), 'num_seqs': (5, 9), 'total_seq_len': (1722, 5756)}, 'workloads': 1, 'speedup': (4.29, 4.29, 4.29), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8')},
-    {'region': 43, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (795, 1081), 'num_seqs': (None, 9), 'total_seq_len': (3444, 5756)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (756, 3435), 'num_seqs': (9, 39), 'total_seq_len': (3444, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 45, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (295, 3435), 'mean_seq_len': (None, 53), 'num_seqs': (39, None), 'total_seq_len': (3444, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 46, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (164, 295), 'mean_seq_len': (None, 75), 'num_seqs': (39, None), 'total_seq_len': (3444, None)}, 'workloads': 1, 'speedup': (1.22, 1.22, 1.22), 'fallbacks': (), 'hand_back': True},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (295, 3435), 'mean_seq_len': (53, None), 'num_seqs': (39, None), 'total_seq_len': (3444, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (164, 295), 'mean_seq_len': (75, None), 'num_seqs': (39, None), 'total_seq_len': (3444, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 49, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1340, 1920), 'num_seqs': (None, 9), 'total_seq_len': (5756, 6888)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 50, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1920, 4528), 'mean_seq_len': (None, 1217), 'num_seqs': (None, 9), 'total_seq_len': (5756, None)}, 'workloads': 1, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': ()},
-    {'region': 51, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (None, 1722), 'num_seqs': (None, 9), 'total_seq_len': (5756, None)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ()},
-    {'region': 52, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1340), 'num_seqs': (None, 9), 'total_seq_len': (5756, None)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 53, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1920, 4528), 'mean_seq_len': (1217, None), 'num_seqs': (None, 9), 'total_seq_len': (5756, None)}, 'workloads': 1, 'speedup': (1.47, 1.47, 1.47), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8'), 'hand_back': True},
-    {'region': 54, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (1722, 2435), 'num_seqs': (None, 9), 'total_seq_len': (5756, None)}, 'workloads': 2, 'speedup': (1.19, 1.19, 1.2), 'fallbacks': (), 'hand_back': True},
-    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (2435, None), 'num_seqs': (None, 9), 'total_seq_len': (5756, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 56, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1340, 1920), 'num_seqs': (None, 9), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 756), 'num_seqs': (9, 39), 'total_seq_len': (6888, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 1), 'total_seq_len': (None, 42)}, 'workloads': 1, 'speedup': (8.73, 8.73, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (None, 3), 'total_seq_len': (None, 42)}, 'workloads': 3, 'speedup': (7.66, 7.77, 7.84), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 795), 'num_seqs': (None, 5), 'total_seq_len': (None, 42)}, 'workloads': 5, 'speedup': (4.53, 5.88, 7.11), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (1, 9), 'total_seq_len': (None, 42)}, 'workloads': 1, 'speedup': (10.3, 10.3, 10.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (3, 9), 'total_seq_len': (None, 42)}, 'workloads': 5, 'speedup': (1.68, 6.37, 9.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (7, 11), 'num_seqs': (5, 9), 'total_seq_len': (None, 42)}, 'workloads': 2, 'speedup': (6.9, 7.1, 7.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (11, 795), 'num_seqs': (5, 9), 'total_seq_len': (None, 42)}, 'workloads': 1, 'speedup': (6.25, 6.25, 6.25), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 408), 'mean_seq_len': (53, None), 'num_seqs': (9, None), 'total_seq_len': (None, 1722)}, 'workloads': 2, 'speedup': (1.08, 1.1, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 9, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (408, 3435), 'mean_seq_len': (53, None), 'num_seqs': (9, None), 'total_seq_len': (None, 1722)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
+    {'region': 10, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (795, 1162), 'num_seqs': (5, 9), 'total_seq_len': (None, 3444)}, 'workloads': 2, 'speedup': (2.01, 2.02, 2.03), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 9), 'num_seqs': (9, None), 'total_seq_len': (None, 3444)}, 'workloads': 7, 'speedup': (1.46, 1.65, 2.24), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (6, 3435), 'mean_seq_len': (None, 9), 'num_seqs': (9, None), 'total_seq_len': (None, 3444)}, 'workloads': 21, 'speedup': (1.04, 1.33, 1.55), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 932), 'mean_seq_len': (9, 53), 'num_seqs': (9, None), 'total_seq_len': (None, 3444)}, 'workloads': 18, 'speedup': (1.04, 1.16, 1.41), 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (932, 3435), 'mean_seq_len': (9, 53), 'num_seqs': (9, None), 'total_seq_len': (None, 3444)}, 'workloads': 1, 'speedup': (1.4, 1.4, 1.4), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 15, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (4093, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 6888)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': (), 'hand_back': True},
+    {'region': 16, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1162, 4093), 'num_seqs': (None, 2), 'total_seq_len': (None, 6888)}, 'workloads': 4, 'speedup': (1.12, 1.31, 1.51), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 17, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (795, 1162), 'num_seqs': (None, 5), 'total_seq_len': (None, 6888)}, 'workloads': 3, 'speedup': (1.42, 1.53, 1.75), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 18, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4093, None), 'num_seqs': (1, 9), 'total_seq_len': (None, 6888)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ()},
+    {'region': 19, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1162, 4093), 'num_seqs': (2, 9), 'total_seq_len': (None, 6888)}, 'workloads': 4, 'speedup': (1.16, 1.36, 1.48), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 20, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (3435, 5265), 'mean_seq_len': (None, 861), 'num_seqs': (9, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 21, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (5265, None), 'mean_seq_len': (None, 1217), 'num_seqs': (9, None)}, 'workloads': 4, 'speedup': (1.44, 1.84, 2.03), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3435, 5265), 'mean_seq_len': (861, None), 'num_seqs': (9, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5265, 12872), 'mean_seq_len': (1217, None), 'num_seqs': (9, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 24, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (12872, None), 'mean_seq_len': (1217, None), 'num_seqs': (9, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 795), 'num_seqs': (None, 9), 'total_seq_len': (42, 1722)}, 'workloads': 36, 'speedup': (1.71, 3.56, 5.7), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 756), 'mean_seq_len': (53, None), 'num_seqs': (9, None), 'total_seq_len': (1722, 3444)}, 'workloads': 5, 'speedup': (1.04, 1.08, 1.11), 'fallbacks': ()},
+    {'region': 27, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (756, 3435), 'mean_seq_len': (53, None), 'num_seqs': (9, None), 'total_seq_len': (1722, 3444)}, 'workloads': 2, 'speedup': (1.4, 1.43, 1.45), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 795), 'mean_seq_len': (304, None), 'num_seqs': (None, 5), 'total_seq_len': (1722, None)}, 'workloads': 2, 'speedup': (2.1, 2.44, 2.84), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 639), 'mean_seq_len': (None, 304), 'num_seqs': (None, 9), 'total_seq_len': (1722, None)}, 'workloads': 1, 'speedup': (4.29, 4.29, 4.29), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8')},
+    {'region': 30, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (639, 795), 'mean_seq_len': (None, 304), 'num_seqs': (None, 9), 'total_seq_len': (1722, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 795), 'mean_seq_len': (304, None), 'num_seqs': (5, 9), 'total_seq_len': (1722, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8')},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (795, 1162), 'num_seqs': (5, 9), 'total_seq_len': (3444, 6888)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1340), 'num_seqs': (9, 21), 'total_seq_len': (3444, 6888)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 34, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1340, 1920), 'num_seqs': (9, None), 'total_seq_len': (3444, 6888)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 35, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1920, 3435), 'num_seqs': (9, None), 'total_seq_len': (3444, 9741)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1340), 'mean_seq_len': (None, 30), 'num_seqs': (21, None), 'total_seq_len': (3444, None)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ()},
+    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 633), 'mean_seq_len': (30, 75), 'num_seqs': (21, None), 'total_seq_len': (3444, None)}, 'workloads': 2, 'speedup': (1.21, 1.21, 1.22), 'fallbacks': (), 'hand_back': True},
+    {'region': 38, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (633, 1340), 'mean_seq_len': (30, 107), 'num_seqs': (21, None), 'total_seq_len': (3444, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 633), 'mean_seq_len': (75, None), 'num_seqs': (21, None), 'total_seq_len': (3444, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (633, 1340), 'mean_seq_len': (107, None), 'num_seqs': (21, None), 'total_seq_len': (3444, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (None, 2), 'total_seq_len': (6888, 9101)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
+    {'region': 42, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (2, 9), 'total_seq_len': (6888, 9101)}, 'workloads': 3, 'speedup': (1.17, 1.19, 1.21), 'fallbacks': ()},
+    {'region': 43, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1920, 4528), 'mean_seq_len': (None, 1217), 'num_seqs': (None, 9), 'total_seq_len': (6888, None)}, 'workloads': 1, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': ()},
+    {'region': 44, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (795, 1340), 'num_seqs': (None, 9), 'total_seq_len': (6888, None)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 45, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1920, 4528), 'mean_seq_len': (1217, None), 'num_seqs': (None, 9), 'total_seq_len': (6888, None)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8'), 'hand_back': True},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1340, 1920), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 1340), 'num_seqs': (9, 21), 'total_seq_len': (6888, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 48, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (None, 1722), 'num_seqs': (None, 9), 'total_seq_len': (9101, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (1722, None), 'num_seqs': (None, 9), 'total_seq_len': (9101, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1920, 3435), 'num_seqs': (9, None), 'total_seq_len': (9741, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 64), 'num_seqs': (None, 8), 'total_seq_len': (None, 37)}, 'workloads': 17, 'speedup': (5.86, 8.33, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (64, 2036), 'num_seqs': (None, 1), 'total_seq_len': (None, 107)}, 'workloads': 1, 'speedup': (11.11, 11.11, 11.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 28), 'num_seqs': (8, None), 'total_seq_len': (None, 152)}, 'workloads': 4, 'speedup': (3.15, 4.29, 6.97), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (64, 88), 'num_seqs': (1, 8), 'total_seq_len': (None, 267)}, 'workloads': 2, 'speedup': (4.45, 5.62, 7.09), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (88, 2036), 'num_seqs': (1, 8), 'total_seq_len': (None, 267)}, 'workloads': 8, 'speedup': (3.77, 6.48, 11.06), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (8, None), 'total_seq_len': (None, 267)}, 'workloads': 6, 'speedup': (2.76, 3.61, 6.12), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (28, 2036), 'num_seqs': (8, None), 'total_seq_len': (None, 267)}, 'workloads': 6, 'speedup': (2.6, 3.66, 5.53), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2036, None), 'mean_seq_len': (6888, None), 'total_seq_len': (None, 9101)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
-    {'region': 9, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, None), 'mean_seq_len': (None, 6888), 'total_seq_len': (None, 13277)}, 'workloads': 15, 'speedup': (1.82, 2.95, 4.7), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 39), 'num_seqs': (None, 8), 'total_seq_len': (37, 267)}, 'workloads': 5, 'speedup': (4.63, 7.73, 13.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (39, 64), 'num_seqs': (None, 8), 'total_seq_len': (37, 267)}, 'workloads': 4, 'speedup': (4.77, 7.7, 10.66), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (64, 2036), 'num_seqs': (None, 1), 'total_seq_len': (107, 267)}, 'workloads': 2, 'speedup': (7.75, 8.54, 9.41), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (6, 28), 'num_seqs': (8, None), 'total_seq_len': (152, 267)}, 'workloads': 2, 'speedup': (3.53, 4.5, 5.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (4, None), 'num_seqs': (None, 90), 'total_seq_len': (267, 23443)}, 'workloads': 4, 'speedup': (2.41, 3.34, 5.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 4), 'total_seq_len': (267, 23443)}, 'workloads': 3, 'speedup': (2.07, 2.7, 3.17), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 16), 'mean_seq_len': (None, 4), 'total_seq_len': (267, 23443)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 2036), 'total_seq_len': (267, 23443)}, 'workloads': 69, 'speedup': (1.77, 3.9, 8.9), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (4, None), 'num_seqs': (90, None), 'total_seq_len': (267, 23443)}, 'workloads': 1, 'speedup': (2.9, 2.9, 2.9), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, None), 'mean_seq_len': (6888, None), 'total_seq_len': (9101, 13277)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2036, None), 'num_seqs': (None, 1), 'total_seq_len': (13277, 19483)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4')},
-    {'region': 21, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, None), 'num_seqs': (1, 3), 'total_seq_len': (13277, 19483)}, 'workloads': 1, 'speedup': (2.03, 2.03, 2.03), 'fallbacks': ('cuda_prefill_cp.p4',), 'hand_back': True},
-    {'region': 22, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, None), 'num_seqs': (3, None), 'total_seq_len': (13277, 19483)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 23, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, 23169), 'num_seqs': (None, 2), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23169, None), 'num_seqs': (None, 2), 'total_seq_len': (19483, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2036, None), 'num_seqs': (2, None), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 355), 'total_seq_len': (23443, None)}, 'workloads': 1, 'speedup': (1.3, 1.3, 1.3), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (355, 724), 'total_seq_len': (23443, None)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (724, 2036), 'total_seq_len': (23443, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (8, None), 'total_seq_len': (None, 53)}, 'workloads': 2, 'speedup': (3.03, 3.66, 4.41), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 8), 'num_seqs': (8, None), 'total_seq_len': (None, 107)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (122, 1794), 'num_seqs': (None, 8), 'total_seq_len': (None, 152)}, 'workloads': 1, 'speedup': (8.31, 8.31, 8.31), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 122), 'num_seqs': (None, 8), 'total_seq_len': (None, 215)}, 'workloads': 28, 'speedup': (3.38, 7.95, 15.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, 32), 'num_seqs': (8, None), 'total_seq_len': (None, 215)}, 'workloads': 3, 'speedup': (3.15, 3.64, 4.22), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (32, 1794), 'num_seqs': (8, None), 'total_seq_len': (None, 215)}, 'workloads': 3, 'speedup': (2.91, 3.66, 4.26), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (6888, None), 'total_seq_len': (None, 9101)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (None, 6888), 'total_seq_len': (None, 13277)}, 'workloads': 18, 'speedup': (1.82, 2.97, 4.7), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (8, None), 'total_seq_len': (53, 215)}, 'workloads': 3, 'speedup': (3.12, 4.01, 6.12), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (6, 8), 'num_seqs': (8, None), 'total_seq_len': (107, 215)}, 'workloads': 1, 'speedup': (7.25, 7.25, 7.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (122, 1794), 'num_seqs': (None, 8), 'total_seq_len': (152, 215)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (225, 1794), 'mean_seq_len': (None, 37), 'total_seq_len': (215, 304)}, 'workloads': 2, 'speedup': (3.11, 3.21, 3.31), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (181, 1794), 'mean_seq_len': (37, None), 'total_seq_len': (215, 304)}, 'workloads': 3, 'speedup': (4.47, 5.32, 7.23), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (37, None), 'num_seqs': (None, 5), 'total_seq_len': (215, 663)}, 'workloads': 5, 'speedup': (5.28, 7.14, 8.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (None, 37), 'total_seq_len': (215, 663)}, 'workloads': 15, 'speedup': (2.07, 3.83, 5.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (56, 225), 'mean_seq_len': (None, 37), 'total_seq_len': (215, 663)}, 'workloads': 2, 'speedup': (1.68, 2.29, 3.14), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (37, None), 'num_seqs': (5, None), 'total_seq_len': (215, 663)}, 'workloads': 1, 'speedup': (9.54, 9.54, 9.54), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (225, 1794), 'mean_seq_len': (None, 37), 'total_seq_len': (304, 663)}, 'workloads': 5, 'speedup': (2.2, 2.65, 3.6), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (181, 1794), 'mean_seq_len': (37, None), 'total_seq_len': (304, 663)}, 'workloads': 5, 'speedup': (5.02, 6.19, 7.19), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 27), 'total_seq_len': (663, 1217)}, 'workloads': 3, 'speedup': (2.41, 2.62, 3.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (27, 932), 'total_seq_len': (663, 1217)}, 'workloads': 19, 'speedup': (1.72, 3.81, 8.87), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (932, 1794), 'mean_seq_len': (None, 9), 'total_seq_len': (663, 6888)}, 'workloads': 1, 'speedup': (2.0, 2.0, 2.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (932, 1794), 'mean_seq_len': (9, None), 'total_seq_len': (663, 6888)}, 'workloads': 6, 'speedup': (2.73, 4.34, 5.58), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 932), 'total_seq_len': (1217, 23443)}, 'workloads': 21, 'speedup': (1.6, 2.69, 6.59), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (932, 1794), 'num_seqs': (None, 22), 'total_seq_len': (6888, None)}, 'workloads': 2, 'speedup': (1.39, 2.38, 4.06), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (932, 1794), 'num_seqs': (22, None), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (6888, None), 'total_seq_len': (9101, 13277)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (None, 1), 'total_seq_len': (13277, 19483)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
+    {'region': 29, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (1, 3), 'total_seq_len': (13277, 19483)}, 'workloads': 1, 'speedup': (2.03, 2.03, 2.03), 'fallbacks': ('cuda_prefill_cp.p4',), 'hand_back': True},
+    {'region': 30, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (3, None), 'total_seq_len': (13277, 19483)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 31, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1794, 23169), 'num_seqs': (None, 2), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23169, None), 'num_seqs': (None, 2), 'total_seq_len': (19483, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 33, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (2, None), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 932), 'total_seq_len': (23443, None)}, 'workloads': 2, 'speedup': (1.24, 1.33, 1.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -385,273 +373,270 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 7.66x (7.66x .. 7.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 13 and num_seqs <= 5 and mean_seq_len > 4 and max_seq_len <= 23:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 3 workloads, 8.12x (7.82x .. 8.73x) over vllm_flashinfer_prefill
-    if total_seq_len <= 79 and num_seqs <= 3 and mean_seq_len <= 4 and max_seq_len <= 11:
+    # region 1: 1 workloads, 8.73x (8.73x .. 8.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 42 and num_seqs <= 1 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 3 workloads, 7.77x (7.66x .. 7.84x) over vllm_flashinfer_prefill
+    if total_seq_len <= 42 and num_seqs <= 3 and 2 < max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 11 workloads, 4.72x (1.34x .. 10.30x) over vllm_flashinfer_prefill
-    if total_seq_len <= 79 and num_seqs > 3 and mean_seq_len <= 4 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 10 workloads, 4.16x (3.10x .. 5.22x) over vllm_flashinfer_prefill
-    if total_seq_len <= 152 and num_seqs <= 5 and mean_seq_len > 4 and max_seq_len > 23:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 5: 1 workloads, 7.10x (7.10x .. 7.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 152 and num_seqs <= 11 and mean_seq_len <= 4 and 11 < max_seq_len <= 13:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 1 workloads, 6.23x (6.23x .. 6.23x) over vllm_flashinfer_prefill
-    if total_seq_len <= 152 and num_seqs <= 11 and mean_seq_len <= 4 and max_seq_len > 13:
+    # region 3: 5 workloads, 5.88x (4.53x .. 7.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 42 and num_seqs <= 5 and 7 < max_seq_len <= 795:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 4: 1 workloads, 10.30x (10.30x .. 10.30x) over vllm_flashinfer_prefill
+    if total_seq_len <= 42 and 1 < num_seqs <= 9 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 5 workloads, 6.37x (1.68x .. 9.45x) over vllm_flashinfer_prefill
+    if total_seq_len <= 42 and 3 < num_seqs <= 9 and 2 < max_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 2 workloads, 7.10x (6.90x .. 7.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 42 and 5 < num_seqs <= 9 and 7 < max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill
+    if total_seq_len <= 42 and 5 < num_seqs <= 9 and 11 < max_seq_len <= 795:
         return ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_staged.r32s4'
-    # region 7: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 152 and num_seqs > 5 and 4 < mean_seq_len <= 9 and max_seq_len <= 11:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
-    # region 8: 2 workloads, 1.10x (1.06x .. 1.14x) over vllm_flashinfer_prefill
-    if total_seq_len <= 152 and num_seqs > 5 and 4 < mean_seq_len <= 9 and max_seq_len > 11:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 9: 1 workloads, 7.05x (7.05x .. 7.05x) over vllm_flashinfer_prefill
-    if total_seq_len <= 152 and num_seqs > 5 and mean_seq_len > 9 and max_seq_len <= 16:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 10: 2 workloads, 4.93x (4.60x .. 5.27x) over vllm_flashinfer_prefill
-    if total_seq_len <= 152 and num_seqs > 5 and mean_seq_len > 9 and max_seq_len > 16:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 11: 3 workloads, 1.24x (1.13x .. 1.45x) over vllm_flashinfer_prefill
-    if total_seq_len <= 152 and num_seqs > 11 and mean_seq_len <= 4 and max_seq_len > 11:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 3 workloads, 6.47x (5.55x .. 7.11x) over vllm_flashinfer_prefill
-    if 13 < total_seq_len <= 152 and num_seqs <= 5 and mean_seq_len > 4 and max_seq_len <= 23:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 13: 2 workloads, 1.65x (1.65x .. 1.66x) over vllm_flashinfer_prefill
-    if 79 < total_seq_len <= 152 and mean_seq_len <= 4 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
-    if 79 < total_seq_len <= 152 and mean_seq_len <= 4 and 8 < max_seq_len <= 11:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if 152 < total_seq_len <= 215 and num_seqs <= 22 and 8 < max_seq_len <= 136:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if 152 < total_seq_len <= 215 and num_seqs > 22 and 8 < max_seq_len <= 136:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill
-    if 152 < total_seq_len <= 304 and num_seqs <= 90 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if 152 < total_seq_len <= 304 and num_seqs <= 90 and 6 < max_seq_len <= 8:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 4 workloads, 1.41x (1.24x .. 1.56x) over vllm_flashinfer_prefill
-    if 152 < total_seq_len <= 929 and mean_seq_len <= 9 and max_seq_len > 136:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 14 workloads, 2.30x (1.10x .. 4.06x) over vllm_flashinfer_prefill
-    if 152 < total_seq_len <= 929 and mean_seq_len > 9 and max_seq_len > 136:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 21: 1 workloads, 1.61x (1.61x .. 1.61x) over vllm_flashinfer_prefill
-    if 152 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len <= 2 and 4 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 1 workloads, 1.64x (1.64x .. 1.64x) over vllm_flashinfer_prefill
-    if 152 < total_seq_len <= 929 and num_seqs > 90 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if 152 < total_seq_len <= 929 and num_seqs > 90 and mean_seq_len > 2 and 4 < max_seq_len <= 8:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 17 workloads, 2.04x (1.03x .. 5.33x) over vllm_flashinfer_prefill
-    if 215 < total_seq_len <= 929 and 8 < max_seq_len <= 136:
-        return 'cuda_prefill_staged.r64s4'
-    # region 25: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill
-    if 304 < total_seq_len <= 929 and num_seqs <= 90 and max_seq_len <= 8:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 6 workloads, 2.85x (2.04x .. 4.64x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 1722 and num_seqs <= 9 and max_seq_len <= 633:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_staged.r32s4'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if 929 < total_seq_len <= 1722 and num_seqs <= 9 and 633 < max_seq_len <= 795:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
-    # region 28: 4 workloads, 1.65x (1.42x .. 2.03x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 3444 and num_seqs <= 9 and 795 < max_seq_len <= 1081:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
-    # region 29: 4 workloads, 1.24x (1.06x .. 1.45x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 3444 and 9 < num_seqs <= 39 and 756 < max_seq_len <= 3435:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 30: 4 workloads, 1.17x (1.08x .. 1.31x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 3444 and num_seqs > 39 and 164 < max_seq_len <= 3435:
-        return 'cuda_prefill_staged.r64s4'
-    # region 31: 5 workloads, 1.25x (1.05x .. 1.51x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 5756 and num_seqs <= 2 and max_seq_len > 1081:
-        return 'cuda_prefill_cp.p4'
-    # region 32: 6 workloads, 1.39x (1.05x .. 2.01x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 5756 and 2 < num_seqs <= 9 and max_seq_len > 1081:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 33: 9 workloads, 1.09x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 6888 and 9 < num_seqs <= 39 and max_seq_len <= 756:
-        return 'flashinfer_direct'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 929 and num_seqs > 9 and mean_seq_len <= 861 and 3435 < max_seq_len <= 5265:
-        return 'cuda_prefill_cp.p8'
-    # region 35: 4 workloads, 1.84x (1.44x .. 2.03x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and num_seqs > 9 and mean_seq_len <= 1217 and max_seq_len > 5265:
-        return 'cuda_prefill_cp.p8'
-    # region 38: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 929 and num_seqs > 9 and mean_seq_len > 1217 and max_seq_len > 12872:
-        return 'cuda_prefill_cp.p8'
-    # region 39: 10 workloads, 1.34x (1.17x .. 1.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and num_seqs > 39 and mean_seq_len <= 53 and max_seq_len <= 164:
-        return 'cuda_prefill_staged.r64s4'
-    # region 40: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 929 and num_seqs > 39 and mean_seq_len > 53 and max_seq_len <= 164:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 2 workloads, 2.44x (2.10x .. 2.84x) over vllm_flashinfer_prefill
-    if 1722 < total_seq_len <= 5756 and num_seqs <= 5 and max_seq_len <= 795:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_staged.r32s4'
-    # region 42: 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill
-    if 1722 < total_seq_len <= 5756 and 5 < num_seqs <= 9 and max_seq_len <= 795:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 43: 0 workloads, by estimated times (no measured workload in it)
-    if 3444 < total_seq_len <= 5756 and num_seqs <= 9 and 795 < max_seq_len <= 1081:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'flashinfer_direct'
-    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3444 and 9 < num_seqs <= 39 and 756 < max_seq_len <= 3435:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 3444 and num_seqs > 39 and mean_seq_len <= 53 and 295 < max_seq_len <= 3435:
-        return 'cuda_prefill_staged.r64s4'
-    # region 46: 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 3444 and num_seqs > 39 and mean_seq_len <= 75 and 164 < max_seq_len <= 295:
-        return 'cuda_prefill_staged.r64s4'
-    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3444 and num_seqs > 39 and mean_seq_len > 53 and 295 < max_seq_len <= 3435:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 49: 0 workloads, by estimated times (no measured workload in it)
-    if 5756 < total_seq_len <= 6888 and num_seqs <= 9 and 1340 < max_seq_len <= 1920:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 50: 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill
-    if total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len <= 1217 and 1920 < max_seq_len <= 4528:
-        return 'cuda_prefill_cp.p8'
-    # region 51: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
-    if total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len <= 1722 and max_seq_len > 4528:
-        return 'cuda_prefill_cp.p8'
-    # region 52: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
-    if total_seq_len > 5756 and num_seqs <= 9 and max_seq_len <= 1340:
+    # region 8: 2 workloads, 1.10x (1.08x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1722 and num_seqs > 9 and mean_seq_len > 53 and max_seq_len <= 408:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 53: 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len > 1217 and 1920 < max_seq_len <= 4528:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_staged.r32s4'
-    # region 54: 2 workloads, 1.19x (1.19x .. 1.20x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 5756 and num_seqs <= 9 and 1722 < mean_seq_len <= 2435 and max_seq_len > 4528:
+    # region 9: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1722 and num_seqs > 9 and mean_seq_len > 53 and 408 < max_seq_len <= 3435:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p8'
+    # region 10: 2 workloads, 2.02x (2.01x .. 2.03x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and 5 < num_seqs <= 9 and 795 < max_seq_len <= 1162:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p8'
+    # region 11: 7 workloads, 1.65x (1.46x .. 2.24x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and num_seqs > 9 and mean_seq_len <= 9 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 21 workloads, 1.33x (1.04x .. 1.55x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and num_seqs > 9 and mean_seq_len <= 9 and 6 < max_seq_len <= 3435:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 13: 18 workloads, 1.16x (1.04x .. 1.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and num_seqs > 9 and 9 < mean_seq_len <= 53 and max_seq_len <= 932:
+        return 'cuda_prefill_staged.r64s4'
+    # region 14: 1 workloads, 1.40x (1.40x .. 1.40x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and num_seqs > 9 and 9 < mean_seq_len <= 53 and 932 < max_seq_len <= 3435:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p8'
+    # region 15: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 6888 and num_seqs <= 1 and max_seq_len > 4093:
+        return 'cuda_prefill_cp.p4'
+    # region 16: 4 workloads, 1.31x (1.12x .. 1.51x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and num_seqs <= 2 and 1162 < max_seq_len <= 4093:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
+    # region 17: 3 workloads, 1.53x (1.42x .. 1.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and num_seqs <= 5 and 795 < max_seq_len <= 1162:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
+    # region 18: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and 1 < num_seqs <= 9 and max_seq_len > 4093:
         return 'cuda_prefill_cp.p8'
-    # region 55: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len > 2435 and max_seq_len > 4528:
+    # region 19: 4 workloads, 1.36x (1.16x .. 1.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6888 and 2 < num_seqs <= 9 and 1162 < max_seq_len <= 4093:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 9 and mean_seq_len <= 861 and 3435 < max_seq_len <= 5265:
+        return 'cuda_prefill_cp.p8'
+    # region 21: 4 workloads, 1.84x (1.44x .. 2.03x) over vllm_flashinfer_prefill
+    if num_seqs > 9 and mean_seq_len <= 1217 and max_seq_len > 5265:
+        return 'cuda_prefill_cp.p8'
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 9 and mean_seq_len > 1217 and max_seq_len > 12872:
+        return 'cuda_prefill_cp.p8'
+    # region 25: 36 workloads, 3.56x (1.71x .. 5.70x) over vllm_flashinfer_prefill
+    if 42 < total_seq_len <= 1722 and num_seqs <= 9 and max_seq_len <= 795:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 26: 5 workloads, 1.08x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+    if 1722 < total_seq_len <= 3444 and num_seqs > 9 and mean_seq_len > 53 and max_seq_len <= 756:
+        return 'flashinfer_direct'
+    # region 27: 2 workloads, 1.43x (1.40x .. 1.45x) over vllm_flashinfer_prefill
+    if 1722 < total_seq_len <= 3444 and num_seqs > 9 and mean_seq_len > 53 and 756 < max_seq_len <= 3435:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 28: 2 workloads, 2.44x (2.10x .. 2.84x) over vllm_flashinfer_prefill
+    if total_seq_len > 1722 and num_seqs <= 5 and mean_seq_len > 304 and max_seq_len <= 795:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_staged.r32s4'
+    # region 29: 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill
+    if total_seq_len > 1722 and num_seqs <= 9 and mean_seq_len <= 304 and max_seq_len <= 639:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1722 and num_seqs <= 9 and mean_seq_len <= 304 and 639 < max_seq_len <= 795:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p8'
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1722 and 5 < num_seqs <= 9 and mean_seq_len > 304 and max_seq_len <= 795:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 32: 0 workloads, by estimated times (no measured workload in it)
+    if 3444 < total_seq_len <= 6888 and 5 < num_seqs <= 9 and 795 < max_seq_len <= 1162:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'flashinfer_direct'
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if 3444 < total_seq_len <= 6888 and 9 < num_seqs <= 21 and max_seq_len <= 1340:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if 3444 < total_seq_len <= 6888 and num_seqs > 9 and 1340 < max_seq_len <= 1920:
+        return 'cuda_prefill_cp.p8'
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    if 3444 < total_seq_len <= 9741 and num_seqs > 9 and 1920 < max_seq_len <= 3435:
+        return 'cuda_prefill_cp.p8'
+    # region 36: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+    if total_seq_len > 3444 and num_seqs > 21 and mean_seq_len <= 30 and max_seq_len <= 1340:
+        return 'cuda_prefill_staged.r64s4'
+    # region 37: 2 workloads, 1.21x (1.21x .. 1.22x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 3444 and num_seqs > 21 and 30 < mean_seq_len <= 75 and max_seq_len <= 633:
+        return 'cuda_prefill_staged.r64s4'
+    # region 38: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 3444 and num_seqs > 21 and 30 < mean_seq_len <= 107 and 633 < max_seq_len <= 1340:
+        return 'cuda_prefill_staged.r64s4'
+    # region 39: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3444 and num_seqs > 21 and mean_seq_len > 75 and max_seq_len <= 633:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3444 and num_seqs > 21 and mean_seq_len > 107 and 633 < max_seq_len <= 1340:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 6888 < total_seq_len <= 9101 and num_seqs <= 2 and max_seq_len > 4528:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 42: 3 workloads, 1.19x (1.17x .. 1.21x) over vllm_flashinfer_prefill
+    if 6888 < total_seq_len <= 9101 and 2 < num_seqs <= 9 and max_seq_len > 4528:
+        return 'cuda_prefill_cp.p8'
+    # region 43: 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 6888 and num_seqs <= 9 and mean_seq_len <= 1217 and 1920 < max_seq_len <= 4528:
+        return 'cuda_prefill_cp.p8'
+    # region 44: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
+    if total_seq_len > 6888 and num_seqs <= 9 and 795 < max_seq_len <= 1340:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 45: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 6888 and num_seqs <= 9 and mean_seq_len > 1217 and 1920 < max_seq_len <= 4528:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_staged.r32s4'
+    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6888 and 9 < num_seqs <= 21 and max_seq_len <= 1340:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 48: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 9101 and num_seqs <= 9 and mean_seq_len <= 1722 and max_seq_len > 4528:
+        return 'cuda_prefill_cp.p8'
+    # region 49: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 9101 and num_seqs <= 9 and mean_seq_len > 1722 and max_seq_len > 4528:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
-    # region 57: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 6888 and 9 < num_seqs <= 39 and max_seq_len <= 756:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 17 workloads, 8.33x (5.86x .. 15.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 37 and num_seqs <= 8 and max_seq_len <= 64:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 1 workloads, 11.11x (11.11x .. 11.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 107 and num_seqs <= 1 and 64 < max_seq_len <= 2036:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 4 workloads, 4.29x (3.15x .. 6.97x) over vllm_flashinfer_prefill
-    if total_seq_len <= 152 and num_seqs > 8 and 6 < max_seq_len <= 28:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 2 workloads, 5.62x (4.45x .. 7.09x) over vllm_flashinfer_prefill
-    if total_seq_len <= 267 and 1 < num_seqs <= 8 and 64 < max_seq_len <= 88:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 8 workloads, 6.48x (3.77x .. 11.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 267 and 1 < num_seqs <= 8 and 88 < max_seq_len <= 2036:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 6 workloads, 3.61x (2.76x .. 6.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 267 and num_seqs > 8 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 6 workloads, 3.66x (2.60x .. 5.53x) over vllm_flashinfer_prefill
-    if total_seq_len <= 267 and num_seqs > 8 and 28 < max_seq_len <= 2036:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 9101 and mean_seq_len > 6888 and max_seq_len > 2036:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 15 workloads, 2.95x (1.82x .. 4.70x) over vllm_flashinfer_prefill
-    if total_seq_len <= 13277 and mean_seq_len <= 6888 and max_seq_len > 2036:
+    # region 1: 2 workloads, 3.66x (3.03x .. 4.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 53 and num_seqs > 8 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 107 and num_seqs > 8 and 6 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 1 workloads, 8.31x (8.31x .. 8.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 152 and num_seqs <= 8 and 122 < max_seq_len <= 1794:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 28 workloads, 7.95x (3.38x .. 15.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 215 and num_seqs <= 8 and max_seq_len <= 122:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 3 workloads, 3.64x (3.15x .. 4.22x) over vllm_flashinfer_prefill
+    if total_seq_len <= 215 and num_seqs > 8 and 8 < max_seq_len <= 32:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 3 workloads, 3.66x (2.91x .. 4.26x) over vllm_flashinfer_prefill
+    if total_seq_len <= 215 and num_seqs > 8 and 32 < max_seq_len <= 1794:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 9101 and mean_seq_len > 6888 and max_seq_len > 1794:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 18 workloads, 2.97x (1.82x .. 4.70x) over vllm_flashinfer_prefill
+    if total_seq_len <= 13277 and mean_seq_len <= 6888 and max_seq_len > 1794:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 10: 5 workloads, 7.73x (4.63x .. 13.03x) over vllm_flashinfer_prefill
-    if 37 < total_seq_len <= 267 and num_seqs <= 8 and max_seq_len <= 39:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 11: 4 workloads, 7.70x (4.77x .. 10.66x) over vllm_flashinfer_prefill
-    if 37 < total_seq_len <= 267 and num_seqs <= 8 and 39 < max_seq_len <= 64:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 2 workloads, 8.54x (7.75x .. 9.41x) over vllm_flashinfer_prefill
-    if 107 < total_seq_len <= 267 and num_seqs <= 1 and 64 < max_seq_len <= 2036:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 2 workloads, 4.50x (3.53x .. 5.73x) over vllm_flashinfer_prefill
-    if 152 < total_seq_len <= 267 and num_seqs > 8 and 6 < max_seq_len <= 28:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 4 workloads, 3.34x (2.41x .. 5.98x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 23443 and num_seqs <= 90 and mean_seq_len > 4 and max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 3 workloads, 2.70x (2.07x .. 3.17x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 23443 and mean_seq_len <= 4 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if 267 < total_seq_len <= 23443 and mean_seq_len <= 4 and 11 < max_seq_len <= 16:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 69 workloads, 3.90x (1.77x .. 8.90x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 23443 and 16 < max_seq_len <= 2036:
+    # region 9: 3 workloads, 4.01x (3.12x .. 6.12x) over vllm_flashinfer_prefill
+    if 53 < total_seq_len <= 215 and num_seqs > 8 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 1 workloads, 7.25x (7.25x .. 7.25x) over vllm_flashinfer_prefill
+    if 107 < total_seq_len <= 215 and num_seqs > 8 and 6 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if 152 < total_seq_len <= 215 and num_seqs <= 8 and 122 < max_seq_len <= 1794:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 12: 2 workloads, 3.21x (3.11x .. 3.31x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 304 and mean_seq_len <= 37 and 225 < max_seq_len <= 1794:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v32'
+    # region 13: 3 workloads, 5.32x (4.47x .. 7.23x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 304 and mean_seq_len > 37 and 181 < max_seq_len <= 1794:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 14: 5 workloads, 7.14x (5.28x .. 8.98x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 663 and num_seqs <= 5 and mean_seq_len > 37 and max_seq_len <= 181:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 15: 15 workloads, 3.83x (2.07x .. 5.98x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 663 and mean_seq_len <= 37 and max_seq_len <= 56:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 2 workloads, 2.29x (1.68x .. 3.14x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 663 and mean_seq_len <= 37 and 56 < max_seq_len <= 225:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 1 workloads, 9.54x (9.54x .. 9.54x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 663 and num_seqs > 5 and mean_seq_len > 37 and max_seq_len <= 181:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 18: 5 workloads, 2.65x (2.20x .. 3.60x) over vllm_flashinfer_prefill
+    if 304 < total_seq_len <= 663 and mean_seq_len <= 37 and 225 < max_seq_len <= 1794:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 5 workloads, 6.19x (5.02x .. 7.19x) over vllm_flashinfer_prefill
+    if 304 < total_seq_len <= 663 and mean_seq_len > 37 and 181 < max_seq_len <= 1794:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 20: 3 workloads, 2.62x (2.41x .. 3.00x) over vllm_flashinfer_prefill
+    if 663 < total_seq_len <= 1217 and max_seq_len <= 27:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 19 workloads, 3.81x (1.72x .. 8.87x) over vllm_flashinfer_prefill
+    if 663 < total_seq_len <= 1217 and 27 < max_seq_len <= 932:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 1 workloads, 2.90x (2.90x .. 2.90x) over vllm_flashinfer_prefill
-    if 267 < total_seq_len <= 23443 and num_seqs > 90 and mean_seq_len > 4 and max_seq_len <= 16:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
-    if 9101 < total_seq_len <= 13277 and mean_seq_len > 6888 and max_seq_len > 2036:
+    # region 22: 1 workloads, 2.00x (2.00x .. 2.00x) over vllm_flashinfer_prefill
+    if 663 < total_seq_len <= 6888 and mean_seq_len <= 9 and 932 < max_seq_len <= 1794:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 6 workloads, 4.34x (2.73x .. 5.58x) over vllm_flashinfer_prefill
+    if 663 < total_seq_len <= 6888 and mean_seq_len > 9 and 932 < max_seq_len <= 1794:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p8'
+    # region 24: 21 workloads, 2.69x (1.60x .. 6.59x) over vllm_flashinfer_prefill
+    if 1217 < total_seq_len <= 23443 and max_seq_len <= 932:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 25: 2 workloads, 2.38x (1.39x .. 4.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 6888 and num_seqs <= 22 and 932 < max_seq_len <= 1794:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 6888 and num_seqs > 22 and 932 < max_seq_len <= 1794:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p8'
+    # region 27: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
+    if 9101 < total_seq_len <= 13277 and mean_seq_len > 6888 and max_seq_len > 1794:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 20: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 13277 < total_seq_len <= 19483 and num_seqs <= 1 and max_seq_len > 2036:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill's guarded call
-    if 13277 < total_seq_len <= 19483 and 1 < num_seqs <= 3 and max_seq_len > 2036:
+    # region 28: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 13277 < total_seq_len <= 19483 and num_seqs <= 1 and max_seq_len > 1794:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill's guarded call
+    if 13277 < total_seq_len <= 19483 and 1 < num_seqs <= 3 and max_seq_len > 1794:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if 13277 < total_seq_len <= 19483 and num_seqs > 3 and max_seq_len > 2036:
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if 13277 < total_seq_len <= 19483 and num_seqs > 3 and max_seq_len > 1794:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 19483 and num_seqs <= 2 and 2036 < max_seq_len <= 23169:
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 19483 and num_seqs <= 2 and 1794 < max_seq_len <= 23169:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 24: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 19483 and num_seqs <= 2 and max_seq_len > 23169:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 19483 and num_seqs > 2 and max_seq_len > 2036:
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 19483 and num_seqs > 2 and max_seq_len > 1794:
         return 'cuda_prefill_cp.p8'
-    # region 26: 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill
-    if total_seq_len > 23443 and max_seq_len <= 355:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 27: 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 23443 and 355 < max_seq_len <= 724:
+    # region 34: 2 workloads, 1.33x (1.24x .. 1.43x) over vllm_flashinfer_prefill
+    if total_seq_len > 23443 and max_seq_len <= 932:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23443 and 724 < max_seq_len <= 2036:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len > 3444 and num_seqs > 39 and mean_seq_len <= 53 and 295 < max_seq_len <= 3435:  # region 45
+    if total_seq_len <= 6888 and num_seqs <= 1 and max_seq_len > 4093:  # region 15
         return True
-    if total_seq_len > 3444 and num_seqs > 39 and mean_seq_len <= 75 and 164 < max_seq_len <= 295:  # region 46
+    if total_seq_len > 3444 and num_seqs > 21 and 30 < mean_seq_len <= 75 and max_seq_len <= 633:  # region 37
         return True
-    if total_seq_len > 5756 and num_seqs <= 9 and mean_seq_len > 1217 and 1920 < max_seq_len <= 4528:  # region 53
+    if total_seq_len > 3444 and num_seqs > 21 and 30 < mean_seq_len <= 107 and 633 < max_seq_len <= 1340:  # region 38
         return True
-    if total_seq_len > 5756 and num_seqs <= 9 and 1722 < mean_seq_len <= 2435 and max_seq_len > 4528:  # region 54
+    if total_seq_len > 6888 and num_seqs <= 9 and mean_seq_len > 1217 and 1920 < max_seq_len <= 4528:  # region 45
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 13277 < total_seq_len <= 19483 and 1 < num_seqs <= 3 and max_seq_len > 2036:  # region 21
+    if 13277 < total_seq_len <= 19483 and 1 < num_seqs <= 3 and max_seq_len > 1794:  # region 29
         return True
     return False

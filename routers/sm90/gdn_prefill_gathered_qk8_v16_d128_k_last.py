@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-03T13:19:46Z
+# measured    up to 2026-12-03T15:13:58Z
 # workloads   156 (workload-set digest 9ad3a87059263a66)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -16,8 +16,8 @@
 #   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  89/149  0.95x  [60 screened out]
 #   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  87/149  0.98x  [62 screened out]
 #   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  87/149  0.97x  [62 screened out]
-#   cuda_prefill_staged.r32s4       c8ecfe249509d4b6  155/156  1.44x  [1 screened out]
-#   cuda_prefill_staged.r64s4       a4daa1bd24a6d1bb  154/156  1.50x  [2 screened out]
+#   cuda_prefill_staged.r32s4       eedc6b05bc679849  155/156  1.44x  [1 screened out]
+#   cuda_prefill_staged.r64s4       7341a0938140ddfb  155/156  1.49x  [1 screened out]
 #   flashinfer_direct               755eb6578bd0a1f3  155/156  1.36x  [1 screened out]
 #   triton_prefill_chunked.v64      91b329a0e287a87d  104/156  0.76x  [52 screened out]
 #   triton_prefill_fused.c16v32     6adb950fad8337e7  123/156  0.94x  [33 screened out]
@@ -44,45 +44,43 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 6.49% mean, 69.69% max;
-#             1.243x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.23% mean, 131.41% max;
-#             2.625x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 6.80% mean, 69.69% max;
+#             1.232x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 11.00% mean, 102.02% max;
+#             2.527x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 19 and num_seqs <= 7: cuda_prefill_pool_rows.k4c8, 6 workloads, 5.92x (1.64x .. 8.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   2. total_seq_len <= 4324 and num_seqs > 17: cuda_prefill_staged.r64s4, 39 workloads, 1.37x (1.04x .. 1.58x) over vllm_flashinfer_prefill
-#   3. 7 < num_seqs <= 8 and mean_seq_len <= 53: cuda_prefill_staged.r32s4, 12 workloads, 1.18x (1.05x .. 1.27x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   3. 7 < num_seqs <= 8 and mean_seq_len <= 53: cuda_prefill_staged.r32s4, 12 workloads, 1.17x (1.05x .. 1.26x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   4. 7 < num_seqs <= 17 and 53 < mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.06x (1.03x .. 1.10x) over vllm_flashinfer_prefill
 #   5. 7 < num_seqs <= 17 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   6. 8 < num_seqs <= 17 and mean_seq_len <= 53: cuda_prefill_staged.r64s4, 14 workloads, 1.25x (1.06x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. 8 < num_seqs <= 17 and mean_seq_len <= 53: cuda_prefill_staged.r64s4, 14 workloads, 1.25x (1.06x .. 1.60x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   7. 19 < total_seq_len <= 44 and num_seqs <= 7: triton_prefill_fused.c16v32, 5 workloads, 5.70x (4.72x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, flashinfer_direct, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
 #   8. 44 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 1218: cuda_prefill_cp.p4, 2 workloads, 1.08x (1.03x .. 1.12x) over vllm_flashinfer_prefill
 #   9. total_seq_len > 44 and num_seqs <= 7 and mean_seq_len <= 1218: cuda_prefill_staged.r32s4, 33 workloads, 2.85x (1.26x .. 5.06x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   10. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 1218: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
 #   11. total_seq_len > 4324 and num_seqs > 17: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 111 and num_seqs <= 3 and mean_seq_len <= 31: cuda_prefill_pool_rows.k8c8, 4 workloads, 12.25x (8.95x .. 16.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 111 and num_seqs <= 3 and mean_seq_len > 31: cuda_prefill_staged.r64s4, 2 workloads, 6.75x (6.09x .. 7.49x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
-#   3. total_seq_len <= 111 and num_seqs > 3 and mean_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 16 workloads, 4.79x (3.05x .. 8.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   4. total_seq_len <= 111 and num_seqs > 3 and mean_seq_len > 6: cuda_prefill_staged.r64s4, 6 workloads, 8.79x (8.27x .. 9.80x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   5. 111 < total_seq_len <= 535 and num_seqs > 71: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.41x (2.01x .. 2.86x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   6. 111 < total_seq_len <= 7643 and num_seqs <= 71 and mean_seq_len <= 298: cuda_prefill_staged.r64s4, 73 workloads, 3.38x (1.35x .. 9.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   7. 111 < total_seq_len <= 7643 and num_seqs <= 71 and mean_seq_len > 298: cuda_prefill_staged.r32s4, 16 workloads, 4.68x (2.01x .. 8.27x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   8. 535 < total_seq_len <= 7643 and num_seqs > 71: cuda_prefill_staged.r64s4, 8 workloads, 2.31x (2.05x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, flashinfer_direct
-#   9. total_seq_len > 7643 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len > 7643 and 1 < num_seqs <= 5: cuda_prefill_staged.r32s4, 4 workloads, 2.78x (1.63x .. 4.15x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   11. total_seq_len > 7643 and 5 < num_seqs <= 34: flashinfer_direct, 10 workloads, 1.45x (1.18x .. 1.79x) over vllm_flashinfer_prefill
-#   12. total_seq_len > 7643 and 34 < num_seqs <= 171: cuda_prefill_staged.r64s4, 5 workloads, 1.90x (1.36x .. 2.50x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   13. total_seq_len > 7643 and num_seqs > 171: flashinfer_direct, 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 90 and num_seqs <= 8 and mean_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 21 workloads, 6.75x (3.08x .. 16.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 252 and num_seqs > 8 and mean_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 10 workloads, 4.05x (2.86x .. 6.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   3. total_seq_len <= 357 and num_seqs <= 8 and mean_seq_len > 45: triton_prefill_fused.c16v32, 9 workloads, 5.96x (4.17x .. 8.70x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 364 and num_seqs > 8 and mean_seq_len > 5: triton_prefill_fused.c16v64, 6 workloads, 3.13x (2.66x .. 4.20x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   5. 90 < total_seq_len <= 7643 and num_seqs <= 8 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 9 workloads, 2.29x (1.13x .. 8.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. 252 < total_seq_len <= 7643 and num_seqs > 8 and mean_seq_len <= 5: cuda_prefill_staged.r64s4, 10 workloads, 2.30x (1.94x .. 2.70x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
+#   7. 357 < total_seq_len <= 7148 and num_seqs <= 8 and mean_seq_len > 45: cuda_prefill_staged.r32s4, 31 workloads, 3.37x (1.85x .. 6.95x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   8. 364 < total_seq_len <= 7643 and num_seqs > 8 and mean_seq_len > 5: cuda_prefill_staged.r64s4, 34 workloads, 2.30x (1.59x .. 3.84x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   9. total_seq_len > 7643 and mean_seq_len <= 362: flashinfer_direct, 11 workloads, 1.34x (1.18x .. 1.65x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 7643 and 362 < mean_seq_len <= 4845: cuda_prefill_staged.r64s4, 11 workloads, 2.25x (1.36x .. 4.07x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   11. total_seq_len > 7643 and mean_seq_len > 4845: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (None, 19)}, 'workloads': 6, 'speedup': (1.64, 5.92, 8.72), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
     {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 4324)}, 'workloads': 39, 'speedup': (1.04, 1.37, 1.58), 'fallbacks': ()},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (7, 8)}, 'workloads': 12, 'speedup': (1.05, 1.18, 1.27), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (7, 8)}, 'workloads': 12, 'speedup': (1.05, 1.17, 1.26), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (53, 90), 'num_seqs': (7, 17)}, 'workloads': 6, 'speedup': (1.03, 1.06, 1.1), 'fallbacks': ()},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (7, 17)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (8, 17)}, 'workloads': 14, 'speedup': (1.06, 1.25, 1.61), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (8, 17)}, 'workloads': 14, 'speedup': (1.06, 1.25, 1.6), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (19, 44)}, 'workloads': 5, 'speedup': (4.72, 5.7, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 8, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (1218, None), 'num_seqs': (None, 7), 'total_seq_len': (44, 2438)}, 'workloads': 2, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ()},
     {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 1218), 'num_seqs': (None, 7), 'total_seq_len': (44, None)}, 'workloads': 33, 'speedup': (1.26, 2.85, 5.06), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
@@ -91,19 +89,17 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 31), 'num_seqs': (None, 3), 'total_seq_len': (None, 111)}, 'workloads': 4, 'speedup': (8.95, 12.25, 16.19), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (31, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 111)}, 'workloads': 2, 'speedup': (6.09, 6.75, 7.49), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (3, None), 'total_seq_len': (None, 111)}, 'workloads': 16, 'speedup': (3.05, 4.79, 8.46), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (3, None), 'total_seq_len': (None, 111)}, 'workloads': 6, 'speedup': (8.27, 8.79, 9.8), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (71, None), 'total_seq_len': (111, 535)}, 'workloads': 5, 'speedup': (2.01, 2.41, 2.86), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 298), 'num_seqs': (None, 71), 'total_seq_len': (111, 7643)}, 'workloads': 73, 'speedup': (1.35, 3.38, 9.51), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (298, None), 'num_seqs': (None, 71), 'total_seq_len': (111, 7643)}, 'workloads': 16, 'speedup': (2.01, 4.68, 8.27), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (71, None), 'total_seq_len': (535, 7643)}, 'workloads': 8, 'speedup': (2.05, 2.31, 2.64), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'flashinfer_direct')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (1, 5), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.63, 2.78, 4.15), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (5, 34), 'total_seq_len': (7643, None)}, 'workloads': 10, 'speedup': (1.18, 1.45, 1.79), 'fallbacks': ()},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (34, 171), 'total_seq_len': (7643, None)}, 'workloads': 5, 'speedup': (1.36, 1.9, 2.5), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (171, None), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.2, 1.26, 1.31), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 8), 'total_seq_len': (None, 90)}, 'workloads': 21, 'speedup': (3.08, 6.75, 16.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 252)}, 'workloads': 10, 'speedup': (2.86, 4.05, 6.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 357)}, 'workloads': 9, 'speedup': (4.17, 5.96, 8.7), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 364)}, 'workloads': 6, 'speedup': (2.66, 3.13, 4.2), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 8), 'total_seq_len': (90, 7643)}, 'workloads': 9, 'speedup': (1.13, 2.29, 8.41), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (252, 7643)}, 'workloads': 10, 'speedup': (1.94, 2.3, 2.7), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (None, 8), 'total_seq_len': (357, 7148)}, 'workloads': 31, 'speedup': (1.85, 3.37, 6.95), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (364, 7643)}, 'workloads': 34, 'speedup': (1.59, 2.3, 3.84), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 362), 'total_seq_len': (7643, None)}, 'workloads': 11, 'speedup': (1.18, 1.34, 1.65), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (362, 4845), 'total_seq_len': (7643, None)}, 'workloads': 11, 'speedup': (1.36, 2.25, 4.07), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4845, None), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -118,7 +114,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 2: 39 workloads, 1.37x (1.04x .. 1.58x) over vllm_flashinfer_prefill
     if total_seq_len <= 4324 and num_seqs > 17:
         return 'cuda_prefill_staged.r64s4'
-    # region 3: 12 workloads, 1.18x (1.05x .. 1.27x) over vllm_flashinfer_prefill
+    # region 3: 12 workloads, 1.17x (1.05x .. 1.26x) over vllm_flashinfer_prefill
     if 7 < num_seqs <= 8 and mean_seq_len <= 53:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
     # region 4: 6 workloads, 1.06x (1.03x .. 1.10x) over vllm_flashinfer_prefill
@@ -127,7 +123,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 5: 15 workloads, the baseline; its stand-ins where it cannot run here
     if 7 < num_seqs <= 17 and mean_seq_len > 90:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 14 workloads, 1.25x (1.06x .. 1.61x) over vllm_flashinfer_prefill
+    # region 6: 14 workloads, 1.25x (1.06x .. 1.60x) over vllm_flashinfer_prefill
     if 8 < num_seqs <= 17 and mean_seq_len <= 53:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     # region 7: 5 workloads, 5.70x (4.72x .. 6.41x) over vllm_flashinfer_prefill
@@ -151,45 +147,39 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 12.25x (8.95x .. 16.19x) over vllm_flashinfer_prefill
-    if total_seq_len <= 111 and num_seqs <= 3 and mean_seq_len <= 31:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 2 workloads, 6.75x (6.09x .. 7.49x) over vllm_flashinfer_prefill
-    if total_seq_len <= 111 and num_seqs <= 3 and mean_seq_len > 31:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 3: 16 workloads, 4.79x (3.05x .. 8.46x) over vllm_flashinfer_prefill
-    if total_seq_len <= 111 and num_seqs > 3 and mean_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 6 workloads, 8.79x (8.27x .. 9.80x) over vllm_flashinfer_prefill
-    if total_seq_len <= 111 and num_seqs > 3 and mean_seq_len > 6:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 5 workloads, 2.41x (2.01x .. 2.86x) over vllm_flashinfer_prefill
-    if 111 < total_seq_len <= 535 and num_seqs > 71:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 73 workloads, 3.38x (1.35x .. 9.51x) over vllm_flashinfer_prefill
-    if 111 < total_seq_len <= 7643 and num_seqs <= 71 and mean_seq_len <= 298:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 16 workloads, 4.68x (2.01x .. 8.27x) over vllm_flashinfer_prefill
-    if 111 < total_seq_len <= 7643 and num_seqs <= 71 and mean_seq_len > 298:
+    # region 1: 21 workloads, 6.75x (3.08x .. 16.19x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 8 and mean_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 10 workloads, 4.05x (2.86x .. 6.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 252 and num_seqs > 8 and mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 9 workloads, 5.96x (4.17x .. 8.70x) over vllm_flashinfer_prefill
+    if total_seq_len <= 357 and num_seqs <= 8 and mean_seq_len > 45:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 4: 6 workloads, 3.13x (2.66x .. 4.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 364 and num_seqs > 8 and mean_seq_len > 5:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 5: 9 workloads, 2.29x (1.13x .. 8.41x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 7643 and num_seqs <= 8 and mean_seq_len <= 45:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 10 workloads, 2.30x (1.94x .. 2.70x) over vllm_flashinfer_prefill
+    if 252 < total_seq_len <= 7643 and num_seqs > 8 and mean_seq_len <= 5:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 31 workloads, 3.37x (1.85x .. 6.95x) over vllm_flashinfer_prefill
+    if 357 < total_seq_len <= 7148 and num_seqs <= 8 and mean_seq_len > 45:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 8 workloads, 2.31x (2.05x .. 2.64x) over vllm_flashinfer_prefill
-    if 535 < total_seq_len <= 7643 and num_seqs > 71:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7643 and num_seqs <= 1:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 4 workloads, 2.78x (1.63x .. 4.15x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and 1 < num_seqs <= 5:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 11: 10 workloads, 1.45x (1.18x .. 1.79x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and 5 < num_seqs <= 34:
-        return 'flashinfer_direct'
-    # region 12: 5 workloads, 1.90x (1.36x .. 2.50x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and 34 < num_seqs <= 171:
+    # region 8: 34 workloads, 2.30x (1.59x .. 3.84x) over vllm_flashinfer_prefill
+    if 364 < total_seq_len <= 7643 and num_seqs > 8 and mean_seq_len > 5:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs > 171:
+    # region 9: 11 workloads, 1.34x (1.18x .. 1.65x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and mean_seq_len <= 362:
         return 'flashinfer_direct'
+    # region 10: 11 workloads, 2.25x (1.36x .. 4.07x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and 362 < mean_seq_len <= 4845:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 11: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7643 and mean_seq_len > 4845:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -198,227 +188,249 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.32% mean, 69.69% max;
-#             1.253x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.87% mean, 57.33% max;
-#             2.865x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.53% mean, 69.69% max;
+#             1.241x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.94% mean, 96.86% max;
+#             2.665x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 37 and num_seqs <= 3 and 4 < mean_seq_len <= 53: triton_prefill_fused.c16v32, 2 workloads, 5.30x (4.72x .. 5.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
 #   2. total_seq_len <= 608 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len <= 322: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   3. total_seq_len <= 608 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 322 < max_seq_len <= 896: cuda_prefill_staged.r32s4, 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 1217 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 723: cuda_prefill_staged.r32s4, 6 workloads, 2.45x (1.91x .. 3.23x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
+#   4. total_seq_len <= 1217 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 723: cuda_prefill_staged.r32s4, 6 workloads, 2.46x (1.91x .. 3.25x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
 #   5. total_seq_len <= 1722 and num_seqs > 11 and 53 < mean_seq_len <= 152 and max_seq_len <= 441: flashinfer_direct, 2 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 2435 and num_seqs <= 4 and 53 < mean_seq_len <= 1491 and max_seq_len > 1023: cuda_prefill_staged.r32s4, 4 workloads, 1.40x (1.26x .. 1.77x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p4
+#   6. total_seq_len <= 2435 and num_seqs <= 4 and 53 < mean_seq_len <= 1491 and max_seq_len > 1023: cuda_prefill_staged.r32s4, 4 workloads, 1.40x (1.26x .. 1.76x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p4
 #   7. total_seq_len <= 2435 and num_seqs <= 4 and mean_seq_len > 53 and max_seq_len <= 322: cuda_prefill_staged.r32s4, 12 workloads, 3.41x (2.58x .. 4.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   8. total_seq_len <= 2435 and num_seqs <= 4 and mean_seq_len > 53 and 723 < max_seq_len <= 1023: cuda_prefill_staged.r32s4, 3 workloads, 1.64x (1.41x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   9. total_seq_len <= 2435 and num_seqs <= 4 and mean_seq_len > 1491 and max_seq_len > 1023: cuda_prefill_cp.p4, 2 workloads, 1.08x (1.03x .. 1.12x) over vllm_flashinfer_prefill
-#   10. total_seq_len <= 3444 and 4 < num_seqs <= 6 and mean_seq_len > 53 and 1794 < max_seq_len <= 2831: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   11. total_seq_len <= 3444 and 6 < num_seqs <= 11 and mean_seq_len > 53 and 1794 < max_seq_len <= 2831: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_chunked.v64
-#   12. total_seq_len <= 3444 and num_seqs > 11 and mean_seq_len > 53 and max_seq_len > 481: cuda_prefill_staged.r64s4, 3 workloads, 1.11x (1.05x .. 1.16x) over vllm_flashinfer_prefill
-#   13. total_seq_len <= 4871 and num_seqs <= 5 and mean_seq_len <= 4 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 3 workloads, 8.36x (8.03x .. 8.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   14. total_seq_len <= 4871 and num_seqs <= 8 and mean_seq_len <= 4 and 4 < max_seq_len <= 9: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.54x (1.56x .. 8.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   15. total_seq_len <= 4871 and num_seqs <= 8 and mean_seq_len <= 4 and max_seq_len > 9: cuda_prefill_staged.r32s4, 3 workloads, 2.06x (1.27x .. 5.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   16. total_seq_len <= 4871 and 3 < num_seqs <= 8 and 4 < mean_seq_len <= 53: cuda_prefill_staged.r32s4, 15 workloads, 2.68x (1.05x .. 5.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. total_seq_len <= 4871 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 2831 < max_seq_len <= 5362: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   18. total_seq_len <= 4871 and 5 < num_seqs <= 8 and mean_seq_len <= 4 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.68x (1.54x .. 1.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. total_seq_len <= 4871 and num_seqs > 8 and mean_seq_len <= 1 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   20. total_seq_len <= 4871 and num_seqs > 8 and mean_seq_len <= 1 and max_seq_len > 19: cuda_prefill_staged.r64s4, 1 workloads, 1.58x (1.58x .. 1.58x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   21. total_seq_len <= 4871 and num_seqs > 8 and 1 < mean_seq_len <= 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.72x (1.56x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
-#   22. total_seq_len <= 4871 and num_seqs > 8 and 1 < mean_seq_len <= 2 and max_seq_len > 8: cuda_prefill_staged.r64s4, 2 workloads, 1.54x (1.51x .. 1.57x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   23. total_seq_len <= 4871 and num_seqs > 8 and 2 < mean_seq_len <= 53: cuda_prefill_staged.r64s4, 40 workloads, 1.31x (1.06x .. 1.55x) over vllm_flashinfer_prefill
+#   10. total_seq_len <= 3444 and num_seqs <= 5 and mean_seq_len <= 4 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 3 workloads, 8.36x (8.03x .. 8.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   11. total_seq_len <= 3444 and num_seqs <= 8 and mean_seq_len <= 4 and 4 < max_seq_len <= 9: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.54x (1.56x .. 8.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   12. total_seq_len <= 3444 and num_seqs <= 8 and mean_seq_len <= 4 and max_seq_len > 9: cuda_prefill_staged.r32s4, 3 workloads, 2.05x (1.26x .. 5.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   13. total_seq_len <= 3444 and 3 < num_seqs <= 8 and 4 < mean_seq_len <= 53: cuda_prefill_staged.r32s4, 15 workloads, 2.67x (1.05x .. 5.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   14. total_seq_len <= 3444 and 4 < num_seqs <= 6 and mean_seq_len > 53 and 1794 < max_seq_len <= 2831: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   15. total_seq_len <= 3444 and 5 < num_seqs <= 8 and mean_seq_len <= 4 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.68x (1.54x .. 1.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. total_seq_len <= 3444 and 6 < num_seqs <= 11 and mean_seq_len > 53 and 1794 < max_seq_len <= 2831: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_chunked.v64
+#   17. total_seq_len <= 3444 and num_seqs > 8 and mean_seq_len <= 1 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   18. total_seq_len <= 3444 and num_seqs > 8 and mean_seq_len <= 1 and max_seq_len > 19: cuda_prefill_staged.r64s4, 1 workloads, 1.58x (1.58x .. 1.58x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   19. total_seq_len <= 3444 and num_seqs > 8 and 1 < mean_seq_len <= 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.72x (1.56x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   20. total_seq_len <= 3444 and num_seqs > 8 and 1 < mean_seq_len <= 2 and max_seq_len > 8: cuda_prefill_staged.r64s4, 2 workloads, 1.54x (1.51x .. 1.58x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   21. total_seq_len <= 3444 and num_seqs > 8 and 2 < mean_seq_len <= 53: cuda_prefill_staged.r64s4, 40 workloads, 1.31x (1.06x .. 1.56x) over vllm_flashinfer_prefill
+#   22. total_seq_len <= 3444 and 11 < num_seqs <= 22 and mean_seq_len > 53 and max_seq_len > 441: cuda_prefill_staged.r64s4, 2 workloads, 1.13x (1.11x .. 1.16x) over vllm_flashinfer_prefill
+#   23. total_seq_len <= 4871 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 2831 < max_seq_len <= 5362: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
 #   24. total_seq_len <= 6427 and num_seqs > 11 and mean_seq_len > 152 and max_seq_len <= 441: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
 #   25. total_seq_len <= 9741 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 5362: cuda_prefill_staged.r32s4, 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   26. 4 < num_seqs <= 11 and mean_seq_len > 53 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   27. 4 < num_seqs <= 11 and mean_seq_len > 53 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
-#   28. 4 < num_seqs <= 11 and mean_seq_len > 53 and 1081 < max_seq_len <= 1794: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   29. 11 < num_seqs <= 22 and mean_seq_len > 53 and 441 < max_seq_len <= 481: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   30. num_seqs > 22 and mean_seq_len > 53 and 441 < max_seq_len <= 481: vllm_flashinfer_prefill (baseline), 0 workloads
-#   31. 37 < total_seq_len <= 4871 and num_seqs <= 3 and 4 < mean_seq_len <= 53: cuda_prefill_staged.r32s4, 1 workloads, 4.39x (4.39x .. 4.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   32. 608 < total_seq_len <= 861 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len <= 896: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   33. total_seq_len > 861 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
-#   34. 1217 < total_seq_len <= 2435 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 723: flashinfer_direct, 1 workloads, 3.23x (3.23x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4
-#   35. total_seq_len > 1722 and num_seqs > 11 and 53 < mean_seq_len <= 73 and max_seq_len <= 181: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   36. total_seq_len > 1722 and num_seqs > 11 and 53 < mean_seq_len <= 73 and 181 < max_seq_len <= 441: cuda_prefill_staged.r64s4, 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   37. total_seq_len > 1722 and num_seqs > 11 and 73 < mean_seq_len <= 152 and max_seq_len <= 441: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64
-#   38. 2435 < total_seq_len <= 3444 and num_seqs <= 4 and mean_seq_len > 861 and max_seq_len <= 2281: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p4
-#   39. 2435 < total_seq_len <= 4871 and num_seqs <= 2 and mean_seq_len > 861 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
-#   40. 2435 < total_seq_len <= 4871 and 2 < num_seqs <= 4 and mean_seq_len > 861 and max_seq_len > 2281: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   41. total_seq_len > 2435 and num_seqs <= 4 and 53 < mean_seq_len <= 861 and max_seq_len <= 1920: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4
-#   42. total_seq_len > 2435 and num_seqs <= 4 and 53 < mean_seq_len <= 861 and max_seq_len > 1920: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it)
-#   43. total_seq_len > 3444 and num_seqs <= 4 and mean_seq_len > 861 and max_seq_len <= 2281: flashinfer_direct, 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   44. total_seq_len > 3444 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 1794 < max_seq_len <= 2831: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   45. total_seq_len > 3444 and num_seqs > 11 and 53 < mean_seq_len <= 215 and 481 < max_seq_len <= 5418: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
-#   46. total_seq_len > 3444 and num_seqs > 11 and 53 < mean_seq_len <= 215 and max_seq_len > 5418: cuda_prefill_cp.p4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   47. total_seq_len > 3444 and num_seqs > 11 and 215 < mean_seq_len <= 1505 and 481 < max_seq_len <= 9728: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   48. total_seq_len > 3444 and num_seqs > 11 and 215 < mean_seq_len <= 1505 and max_seq_len > 9728: cuda_prefill_cp.p4, 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   49. total_seq_len > 3444 and num_seqs > 11 and mean_seq_len > 1505 and max_seq_len > 481: vllm_flashinfer_prefill (baseline), 0 workloads
-#   50. 4871 < total_seq_len <= 6888 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 3022: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
-#   51. 4871 < total_seq_len <= 6888 and num_seqs <= 4 and mean_seq_len > 861 and max_seq_len > 3022: vllm_flashinfer_prefill (baseline), 0 workloads
-#   52. 4871 < total_seq_len <= 6888 and mean_seq_len <= 37 and max_seq_len > 2872: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   53. 4871 < total_seq_len <= 8192 and 37 < mean_seq_len <= 53 and max_seq_len <= 696: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   54. 4871 < total_seq_len <= 8192 and 37 < mean_seq_len <= 53 and 696 < max_seq_len <= 2655: vllm_flashinfer_prefill (baseline), 0 workloads
-#   55. 4871 < total_seq_len <= 8192 and 37 < mean_seq_len <= 53 and max_seq_len > 2655: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   56. total_seq_len > 4871 and mean_seq_len <= 37 and max_seq_len <= 2872: cuda_prefill_staged.r64s4, 2 workloads, 1.22x (1.20x .. 1.24x) over vllm_flashinfer_prefill
-#   57. total_seq_len > 4871 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 2831 < max_seq_len <= 5362: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64
-#   58. total_seq_len > 6427 and num_seqs > 11 and mean_seq_len > 152 and max_seq_len <= 441: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
-#   59. 6888 < total_seq_len <= 9741 and num_seqs <= 2 and mean_seq_len > 861 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32
-#   60. 6888 < total_seq_len <= 9741 and 2 < num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 4399: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
-#   61. 6888 < total_seq_len <= 9741 and 2 < num_seqs <= 4 and mean_seq_len > 861 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
-#   62. total_seq_len > 6888 and mean_seq_len <= 37 and max_seq_len > 2872: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
-#   63. total_seq_len > 8192 and 37 < mean_seq_len <= 53 and max_seq_len <= 571: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   64. total_seq_len > 8192 and 37 < mean_seq_len <= 53 and max_seq_len > 571: vllm_flashinfer_prefill (baseline), 0 workloads
-#   65. 9741 < total_seq_len <= 12815 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 5232: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
-#   66. 9741 < total_seq_len <= 12815 and num_seqs <= 4 and mean_seq_len > 861 and max_seq_len > 5232: vllm_flashinfer_prefill (baseline), 0 workloads
-#   67. total_seq_len > 9741 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 5362: vllm_flashinfer_prefill (baseline), 0 workloads
-#   68. total_seq_len > 12815 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 6444: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   69. total_seq_len > 12815 and num_seqs <= 4 and mean_seq_len > 861 and max_seq_len > 6444: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len <= 9741 and num_seqs > 22 and 53 < mean_seq_len <= 75 and 441 < max_seq_len <= 1433: vllm_flashinfer_prefill (baseline), 0 workloads
+#   27. total_seq_len <= 9741 and num_seqs > 22 and 53 < mean_seq_len <= 75 and max_seq_len > 1433: cuda_prefill_staged.r64s4, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   28. total_seq_len <= 9741 and num_seqs > 22 and mean_seq_len > 75 and 441 < max_seq_len <= 4844: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
+#   29. total_seq_len <= 9741 and num_seqs > 22 and mean_seq_len > 75 and max_seq_len > 4844: cuda_prefill_cp.p4, 2 workloads, 1.09x (1.08x .. 1.09x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   30. 4 < num_seqs <= 11 and mean_seq_len > 53 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   31. 4 < num_seqs <= 11 and mean_seq_len > 53 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
+#   32. 4 < num_seqs <= 11 and mean_seq_len > 53 and 1081 < max_seq_len <= 1794: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   33. 37 < total_seq_len <= 3444 and num_seqs <= 3 and 4 < mean_seq_len <= 53: cuda_prefill_staged.r32s4, 1 workloads, 4.36x (4.36x .. 4.36x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   34. 608 < total_seq_len <= 861 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len <= 896: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   35. total_seq_len > 861 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+#   36. 1217 < total_seq_len <= 2435 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 723: flashinfer_direct, 1 workloads, 3.23x (3.23x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4
+#   37. total_seq_len > 1722 and num_seqs > 11 and 53 < mean_seq_len <= 73 and max_seq_len <= 181: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   38. total_seq_len > 1722 and num_seqs > 11 and 53 < mean_seq_len <= 73 and 181 < max_seq_len <= 441: cuda_prefill_staged.r64s4, 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   39. total_seq_len > 1722 and num_seqs > 11 and 73 < mean_seq_len <= 152 and max_seq_len <= 441: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64
+#   40. 2435 < total_seq_len <= 3444 and num_seqs <= 4 and mean_seq_len > 861 and max_seq_len <= 2281: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p4
+#   41. 2435 < total_seq_len <= 4871 and num_seqs <= 2 and mean_seq_len > 861 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   42. 2435 < total_seq_len <= 4871 and 2 < num_seqs <= 4 and mean_seq_len > 861 and max_seq_len > 2281: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   43. total_seq_len > 2435 and num_seqs <= 4 and 53 < mean_seq_len <= 861 and max_seq_len <= 1920: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4
+#   44. total_seq_len > 2435 and num_seqs <= 4 and 53 < mean_seq_len <= 861 and max_seq_len > 1920: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it)
+#   45. 3444 < total_seq_len <= 4871 and num_seqs <= 181 and mean_seq_len <= 53 and max_seq_len <= 2281: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   46. 3444 < total_seq_len <= 4871 and num_seqs <= 181 and mean_seq_len <= 53 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 0 workloads
+#   47. 3444 < total_seq_len <= 4871 and num_seqs > 181 and mean_seq_len <= 53 and max_seq_len <= 2655: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   48. 3444 < total_seq_len <= 4871 and num_seqs > 181 and mean_seq_len <= 53 and max_seq_len > 2655: vllm_flashinfer_prefill (baseline), 0 workloads
+#   49. total_seq_len > 3444 and num_seqs <= 4 and mean_seq_len > 861 and max_seq_len <= 2281: flashinfer_direct, 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   50. total_seq_len > 3444 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 1794 < max_seq_len <= 2831: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   51. total_seq_len > 3444 and 11 < num_seqs <= 22 and mean_seq_len > 53 and max_seq_len > 441: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   52. 4871 < total_seq_len <= 9741 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 3547: cuda_prefill_staged.r64s4, 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   53. 4871 < total_seq_len <= 9741 and num_seqs <= 4 and mean_seq_len > 861 and max_seq_len > 3547: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
+#   54. total_seq_len > 4871 and mean_seq_len <= 26 and max_seq_len <= 1541: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   55. total_seq_len > 4871 and mean_seq_len <= 26 and max_seq_len > 1541: vllm_flashinfer_prefill (baseline), 0 workloads
+#   56. total_seq_len > 4871 and 26 < mean_seq_len <= 37 and max_seq_len <= 696: cuda_prefill_staged.r64s4, 2 workloads, 1.22x (1.20x .. 1.24x) over vllm_flashinfer_prefill
+#   57. total_seq_len > 4871 and 26 < mean_seq_len <= 37 and max_seq_len > 696: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_cp.p4, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   58. total_seq_len > 4871 and 37 < mean_seq_len <= 53 and max_seq_len <= 380: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   59. total_seq_len > 4871 and 37 < mean_seq_len <= 53 and max_seq_len > 380: vllm_flashinfer_prefill (baseline), 0 workloads
+#   60. total_seq_len > 4871 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 2831 < max_seq_len <= 5362: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64
+#   61. total_seq_len > 6427 and num_seqs > 11 and mean_seq_len > 152 and max_seq_len <= 441: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
+#   62. 9741 < total_seq_len <= 12815 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 5232: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
+#   63. 9741 < total_seq_len <= 12815 and num_seqs <= 4 and mean_seq_len > 861 and max_seq_len > 5232: vllm_flashinfer_prefill (baseline), 0 workloads
+#   64. total_seq_len > 9741 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 5362: vllm_flashinfer_prefill (baseline), 0 workloads
+#   65. total_seq_len > 9741 and num_seqs > 22 and 53 < mean_seq_len <= 215 and 441 < max_seq_len <= 5418: vllm_flashinfer_prefill (baseline), 0 workloads
+#   66. total_seq_len > 9741 and num_seqs > 22 and 53 < mean_seq_len <= 215 and max_seq_len > 5418: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   67. total_seq_len > 9741 and num_seqs > 22 and mean_seq_len > 215 and 441 < max_seq_len <= 9728: vllm_flashinfer_prefill (baseline), 0 workloads
+#   68. total_seq_len > 9741 and num_seqs > 22 and mean_seq_len > 215 and max_seq_len > 9728: cuda_prefill_cp.p4, 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   69. total_seq_len > 12815 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 6444: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   70. total_seq_len > 12815 and num_seqs <= 4 and mean_seq_len > 861 and max_seq_len > 6444: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 31 and num_seqs <= 8 and mean_seq_len <= 4 and max_seq_len > 8: cuda_prefill_pool_rows.k4c8, 2 workloads, 6.47x (4.73x .. 8.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 31 and num_seqs <= 8 and mean_seq_len > 4 and max_seq_len > 8: cuda_prefill_pool_rows.k8c8, 1 workloads, 13.01x (13.01x .. 13.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 93 and num_seqs > 8 and max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 4 workloads, 5.03x (3.65x .. 6.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 388 and num_seqs <= 7 and max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 6 workloads, 9.28x (5.50x .. 16.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 388 and 7 < num_seqs <= 8 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.81x (3.42x .. 4.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 388 and num_seqs > 8 and max_seq_len > 29: cuda_prefill_staged.r64s4, 7 workloads, 3.35x (2.10x .. 4.85x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   7. 31 < total_seq_len <= 388 and num_seqs <= 8 and 8 < max_seq_len <= 19: cuda_prefill_pool_rows.k8c8, 4 workloads, 5.06x (2.94x .. 8.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   8. 31 < total_seq_len <= 388 and num_seqs <= 8 and max_seq_len > 19: cuda_prefill_staged.r64s4, 23 workloads, 5.38x (1.35x .. 9.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. 93 < total_seq_len <= 388 and num_seqs > 8 and mean_seq_len <= 9 and max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 8 workloads, 3.64x (2.23x .. 5.22x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   10. 93 < total_seq_len <= 388 and num_seqs > 8 and mean_seq_len > 9 and max_seq_len <= 29: cuda_prefill_staged.r64s4, 1 workloads, 3.21x (3.21x .. 3.21x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   11. 388 < total_seq_len <= 7643 and mean_seq_len <= 2 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.52x (2.50x .. 2.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. 388 < total_seq_len <= 7643 and mean_seq_len <= 2 and max_seq_len > 22: cuda_prefill_staged.r64s4, 1 workloads, 2.65x (2.65x .. 2.65x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32
-#   13. 388 < total_seq_len <= 7643 and 2 < mean_seq_len <= 4: cuda_prefill_staged.r64s4, 3 workloads, 2.33x (2.11x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   14. 388 < total_seq_len <= 7643 and 4 < mean_seq_len <= 1217 and max_seq_len > 2893: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. 388 < total_seq_len <= 7643 and mean_seq_len > 4 and max_seq_len <= 2893: cuda_prefill_staged.r64s4, 63 workloads, 3.32x (1.65x .. 7.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   16. 388 < total_seq_len <= 7643 and mean_seq_len > 1217 and max_seq_len > 2893: cuda_prefill_staged.r32s4, 2 workloads, 2.59x (2.01x .. 3.33x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   17. 7643 < total_seq_len <= 9741 and num_seqs <= 5 and 1081 < max_seq_len <= 5365: cuda_prefill_staged.r32s4, 2 workloads, 3.75x (3.39x .. 4.15x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 7643 < total_seq_len <= 9741 and num_seqs <= 45 and max_seq_len <= 1081: cuda_prefill_staged.r64s4, 3 workloads, 2.14x (1.66x .. 2.80x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 7643 < total_seq_len <= 9741 and num_seqs <= 49 and mean_seq_len <= 1217 and max_seq_len > 5365: cuda_prefill_cp.p4, 3 workloads, 1.71x (1.18x .. 2.13x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   20. 7643 < total_seq_len <= 9741 and 5 < num_seqs <= 45 and 1081 < max_seq_len <= 5365: flashinfer_direct, 3 workloads, 1.51x (1.35x .. 1.63x) over vllm_flashinfer_prefill
-#   21. 7643 < total_seq_len <= 19483 and num_seqs <= 1 and mean_seq_len > 1217 and max_seq_len > 5365: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   22. 7643 < total_seq_len <= 19483 and 1 < num_seqs <= 49 and mean_seq_len > 1217 and max_seq_len > 5365: cuda_prefill_cp.p4, 1 workloads, 2.38x (2.38x .. 2.38x) over vllm_flashinfer_prefill
-#   23. 7643 < total_seq_len <= 27554 and num_seqs > 45 and max_seq_len <= 5365: cuda_prefill_staged.r64s4, 5 workloads, 1.92x (1.58x .. 2.50x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   24. total_seq_len > 7643 and 49 < num_seqs <= 181 and 5365 < max_seq_len <= 19430: cuda_prefill_staged.r64s4, 1 workloads, 1.92x (1.92x .. 1.92x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   25. total_seq_len > 7643 and 49 < num_seqs <= 181 and max_seq_len > 19430: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, flashinfer_direct
-#   26. total_seq_len > 7643 and num_seqs > 181 and max_seq_len > 5365: flashinfer_direct, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-#   27. 9741 < total_seq_len <= 19483 and num_seqs <= 45 and mean_seq_len > 2435 and max_seq_len <= 5365: cuda_prefill_staged.r32s4, 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   28. 9741 < total_seq_len <= 19483 and num_seqs <= 49 and mean_seq_len <= 1217 and max_seq_len > 5365: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4, flashinfer_direct
-#   29. total_seq_len > 9741 and num_seqs <= 45 and mean_seq_len <= 2435 and max_seq_len <= 5365: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
-#   30. total_seq_len > 19483 and num_seqs <= 45 and mean_seq_len > 2435 and max_seq_len <= 5365: flashinfer_direct, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
-#   31. total_seq_len > 19483 and num_seqs <= 49 and mean_seq_len <= 1722 and 5365 < max_seq_len <= 18958: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4, flashinfer_direct
-#   32. total_seq_len > 19483 and num_seqs <= 49 and mean_seq_len <= 1722 and max_seq_len > 18958: cuda_prefill_cp.p4, 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   33. total_seq_len > 19483 and num_seqs <= 49 and 1722 < mean_seq_len <= 3444 and max_seq_len > 5365: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it)
-#   34. total_seq_len > 19483 and num_seqs <= 49 and mean_seq_len > 3444 and max_seq_len > 5365: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
-#   35. total_seq_len > 27554 and 45 < num_seqs <= 181 and max_seq_len <= 5365: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   36. total_seq_len > 27554 and num_seqs > 181 and max_seq_len <= 5365: flashinfer_direct, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 2 and max_seq_len <= 1: cuda_prefill_pool_rows.k16c8, 1 workloads, 12.15x (12.15x .. 12.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 107 and mean_seq_len <= 4 and 8 < max_seq_len <= 29: cuda_prefill_pool_rows.k4c8, 5 workloads, 4.65x (3.01x .. 8.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 107 and mean_seq_len <= 53 and max_seq_len > 36: cuda_prefill_pool_rows.k8c8, 3 workloads, 5.99x (3.85x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   4. total_seq_len <= 152 and num_seqs <= 5 and 29 < max_seq_len <= 36: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.52x (5.31x .. 8.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 152 and num_seqs > 5 and 29 < max_seq_len <= 36: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 304 and mean_seq_len > 53 and max_seq_len > 36: triton_prefill_fused.c16v32, 9 workloads, 5.96x (4.17x .. 8.70x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 608 and num_seqs <= 5 and mean_seq_len > 4 and 8 < max_seq_len <= 29: cuda_prefill_pool_rows.k8c8, 4 workloads, 9.22x (7.66x .. 13.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 608 and num_seqs <= 7 and 1 < max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 5 workloads, 8.82x (5.50x .. 16.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 608 and num_seqs > 5 and mean_seq_len > 4 and 8 < max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.55x (2.88x .. 5.22x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len <= 608 and num_seqs > 7 and 1 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 14 workloads, 3.64x (1.89x .. 6.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
+#   11. 2 < total_seq_len <= 608 and max_seq_len <= 1: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. 107 < total_seq_len <= 608 and mean_seq_len <= 4 and 8 < max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.79x (2.23x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. 107 < total_seq_len <= 969 and mean_seq_len <= 53 and max_seq_len > 36: cuda_prefill_staged.r64s4, 18 workloads, 2.43x (1.13x .. 8.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   14. 152 < total_seq_len <= 304 and 29 < max_seq_len <= 36: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.27x (1.81x .. 2.86x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   15. 304 < total_seq_len <= 969 and 29 < max_seq_len <= 36: cuda_prefill_staged.r64s4, 2 workloads, 2.04x (1.96x .. 2.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. 304 < total_seq_len <= 969 and mean_seq_len > 53 and max_seq_len > 36: cuda_prefill_staged.r64s4, 9 workloads, 4.03x (2.24x .. 6.80x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   17. 608 < total_seq_len <= 861 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   18. 608 < total_seq_len <= 861 and 9 < max_seq_len <= 29: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   19. 861 < total_seq_len <= 7643 and max_seq_len <= 29: cuda_prefill_staged.r64s4, 4 workloads, 2.17x (1.85x .. 2.45x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. 969 < total_seq_len <= 1743 and mean_seq_len <= 13 and 29 < max_seq_len <= 181: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   21. 969 < total_seq_len <= 1743 and mean_seq_len <= 13 and max_seq_len > 181: cuda_prefill_cp.p4, 2 workloads, 2.08x (2.00x .. 2.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct
+#   22. 969 < total_seq_len <= 7643 and num_seqs <= 5 and mean_seq_len > 13 and max_seq_len > 181: cuda_prefill_cp.p4, 16 workloads, 3.79x (1.94x .. 5.38x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
+#   23. 969 < total_seq_len <= 7643 and num_seqs <= 22 and mean_seq_len > 13 and 29 < max_seq_len <= 181: cuda_prefill_cp.p4, 3 workloads, 3.32x (3.13x .. 3.59x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   24. 969 < total_seq_len <= 7643 and num_seqs > 5 and mean_seq_len > 13 and max_seq_len > 181: cuda_prefill_staged.r64s4, 15 workloads, 2.30x (1.59x .. 3.84x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   25. 969 < total_seq_len <= 7643 and num_seqs > 22 and mean_seq_len > 13 and 29 < max_seq_len <= 181: cuda_prefill_staged.r64s4, 7 workloads, 2.25x (1.68x .. 2.96x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, flashinfer_direct
+#   26. 1743 < total_seq_len <= 7643 and mean_seq_len <= 13 and 29 < max_seq_len <= 724: cuda_prefill_staged.r64s4, 1 workloads, 2.23x (2.23x .. 2.23x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   27. 1743 < total_seq_len <= 7643 and mean_seq_len <= 13 and max_seq_len > 724: cuda_prefill_cp.p4, 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   28. 7643 < total_seq_len <= 13777 and num_seqs > 181 and mean_seq_len <= 1722 and 1081 < max_seq_len <= 7170: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off
+#   29. 7643 < total_seq_len <= 19483 and num_seqs <= 1 and mean_seq_len > 1722 and 5365 < max_seq_len <= 9740: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
+#   30. 7643 < total_seq_len <= 19483 and 1722 < mean_seq_len <= 13777 and max_seq_len > 9740: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it)
+#   31. 7643 < total_seq_len <= 19483 and mean_seq_len > 13777 and max_seq_len > 9740: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   32. 7643 < total_seq_len <= 19483 and num_seqs > 1 and mean_seq_len > 1722 and 5365 < max_seq_len <= 9740: cuda_prefill_cp.p4, 1 workloads, 2.38x (2.38x .. 2.38x) over vllm_flashinfer_prefill
+#   33. 7643 < total_seq_len <= 26285 and mean_seq_len > 1722 and max_seq_len <= 5365: cuda_prefill_staged.r64s4, 3 workloads, 3.03x (1.80x .. 4.07x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   34. 7643 < total_seq_len <= 27554 and num_seqs > 121 and mean_seq_len <= 1722 and max_seq_len <= 1081: cuda_prefill_staged.r64s4, 2 workloads, 1.70x (1.68x .. 1.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   35. total_seq_len > 7643 and num_seqs <= 90 and mean_seq_len <= 1722 and 7170 < max_seq_len <= 8168: cuda_prefill_cp.p4, 2 workloads, 1.89x (1.68x .. 2.13x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   36. total_seq_len > 7643 and num_seqs <= 90 and mean_seq_len <= 1722 and max_seq_len > 8168: cuda_prefill_staged.r64s4, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   37. total_seq_len > 7643 and num_seqs <= 121 and mean_seq_len <= 1722 and max_seq_len <= 1081: cuda_prefill_staged.r64s4, 6 workloads, 1.84x (1.38x .. 2.71x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   38. total_seq_len > 7643 and num_seqs <= 181 and mean_seq_len <= 1722 and 1081 < max_seq_len <= 1780: flashinfer_direct, 2 workloads, 1.48x (1.35x .. 1.63x) over vllm_flashinfer_prefill
+#   39. total_seq_len > 7643 and num_seqs <= 181 and mean_seq_len <= 1722 and 1780 < max_seq_len <= 7170: cuda_prefill_staged.r64s4, 3 workloads, 1.74x (1.41x .. 2.08x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   40. total_seq_len > 7643 and 90 < num_seqs <= 181 and mean_seq_len <= 1722 and max_seq_len > 7170: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   41. total_seq_len > 7643 and num_seqs > 181 and mean_seq_len <= 1722 and max_seq_len > 7170: flashinfer_direct, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+#   42. total_seq_len > 13777 and num_seqs > 181 and mean_seq_len <= 1722 and 1081 < max_seq_len <= 7170: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   43. total_seq_len > 19483 and 1722 < mean_seq_len <= 3444 and max_seq_len > 5365: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it)
+#   44. total_seq_len > 19483 and mean_seq_len > 3444 and max_seq_len > 5365: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   45. total_seq_len > 26285 and mean_seq_len > 1722 and max_seq_len <= 5365: flashinfer_direct, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+#   46. total_seq_len > 27554 and num_seqs > 121 and mean_seq_len <= 1722 and max_seq_len <= 1081: flashinfer_direct, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (4, 53), 'num_seqs': (None, 3), 'total_seq_len': (None, 37)}, 'workloads': 2, 'speedup': (4.72, 5.3, 5.94), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 322), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (None, 608)}, 'workloads': 2, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ('flashinfer_direct',)},
     {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (322, 896), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (None, 608)}, 'workloads': 1, 'speedup': (1.14, 1.14, 1.14), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (322, 723), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 1217)}, 'workloads': 6, 'speedup': (1.91, 2.45, 3.23), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (322, 723), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 1217)}, 'workloads': 6, 'speedup': (1.91, 2.46, 3.25), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
     {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (53, 152), 'num_seqs': (11, None), 'total_seq_len': (None, 1722)}, 'workloads': 2, 'speedup': (1.06, 1.08, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, None), 'mean_seq_len': (53, 1491), 'num_seqs': (None, 4), 'total_seq_len': (None, 2435)}, 'workloads': 4, 'speedup': (1.26, 1.4, 1.77), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1023, None), 'mean_seq_len': (53, 1491), 'num_seqs': (None, 4), 'total_seq_len': (None, 2435)}, 'workloads': 4, 'speedup': (1.26, 1.4, 1.76), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4')},
     {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 322), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2435)}, 'workloads': 12, 'speedup': (2.58, 3.41, 4.5), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
     {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (723, 1023), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2435)}, 'workloads': 3, 'speedup': (1.41, 1.64, 1.83), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 9, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1023, None), 'mean_seq_len': (1491, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2435)}, 'workloads': 2, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1794, 2831), 'mean_seq_len': (53, None), 'num_seqs': (4, 6), 'total_seq_len': (None, 3444)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, 2831), 'mean_seq_len': (53, None), 'num_seqs': (6, 11), 'total_seq_len': (None, 3444)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (481, None), 'mean_seq_len': (53, None), 'num_seqs': (11, None), 'total_seq_len': (None, 3444)}, 'workloads': 3, 'speedup': (1.05, 1.11, 1.16), 'fallbacks': ()},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 4), 'num_seqs': (None, 5), 'total_seq_len': (None, 4871)}, 'workloads': 3, 'speedup': (8.03, 8.36, 8.72), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 9), 'mean_seq_len': (None, 4), 'num_seqs': (None, 8), 'total_seq_len': (None, 4871)}, 'workloads': 2, 'speedup': (1.56, 3.54, 8.06), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (9, None), 'mean_seq_len': (None, 4), 'num_seqs': (None, 8), 'total_seq_len': (None, 4871)}, 'workloads': 3, 'speedup': (1.27, 2.06, 5.43), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (4, 53), 'num_seqs': (3, 8), 'total_seq_len': (None, 4871)}, 'workloads': 15, 'speedup': (1.05, 2.68, 5.41), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2831, 5362), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (None, 4871)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 4), 'num_seqs': (5, 8), 'total_seq_len': (None, 4871)}, 'workloads': 4, 'speedup': (1.54, 1.68, 1.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 1), 'num_seqs': (8, None), 'total_seq_len': (None, 4871)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (None, 1), 'num_seqs': (8, None), 'total_seq_len': (None, 4871)}, 'workloads': 1, 'speedup': (1.58, 1.58, 1.58), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (1, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 4871)}, 'workloads': 6, 'speedup': (1.56, 1.72, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, None), 'mean_seq_len': (1, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 4871)}, 'workloads': 2, 'speedup': (1.51, 1.54, 1.57), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 53), 'num_seqs': (8, None), 'total_seq_len': (None, 4871)}, 'workloads': 40, 'speedup': (1.06, 1.31, 1.55), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 4), 'num_seqs': (None, 5), 'total_seq_len': (None, 3444)}, 'workloads': 3, 'speedup': (8.03, 8.36, 8.72), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 9), 'mean_seq_len': (None, 4), 'num_seqs': (None, 8), 'total_seq_len': (None, 3444)}, 'workloads': 2, 'speedup': (1.56, 3.54, 8.06), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (9, None), 'mean_seq_len': (None, 4), 'num_seqs': (None, 8), 'total_seq_len': (None, 3444)}, 'workloads': 3, 'speedup': (1.26, 2.05, 5.41), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (4, 53), 'num_seqs': (3, 8), 'total_seq_len': (None, 3444)}, 'workloads': 15, 'speedup': (1.05, 2.67, 5.41), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1794, 2831), 'mean_seq_len': (53, None), 'num_seqs': (4, 6), 'total_seq_len': (None, 3444)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 4), 'num_seqs': (5, 8), 'total_seq_len': (None, 3444)}, 'workloads': 4, 'speedup': (1.54, 1.68, 1.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, 2831), 'mean_seq_len': (53, None), 'num_seqs': (6, 11), 'total_seq_len': (None, 3444)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 1), 'num_seqs': (8, None), 'total_seq_len': (None, 3444)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (None, 1), 'num_seqs': (8, None), 'total_seq_len': (None, 3444)}, 'workloads': 1, 'speedup': (1.58, 1.58, 1.58), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (1, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 3444)}, 'workloads': 6, 'speedup': (1.56, 1.72, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, None), 'mean_seq_len': (1, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 3444)}, 'workloads': 2, 'speedup': (1.51, 1.54, 1.58), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 53), 'num_seqs': (8, None), 'total_seq_len': (None, 3444)}, 'workloads': 40, 'speedup': (1.06, 1.31, 1.56), 'fallbacks': ()},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (441, None), 'mean_seq_len': (53, None), 'num_seqs': (11, 22), 'total_seq_len': (None, 3444)}, 'workloads': 2, 'speedup': (1.11, 1.13, 1.16), 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2831, 5362), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (None, 4871)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
     {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (152, None), 'num_seqs': (11, None), 'total_seq_len': (None, 6427)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 25, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (5362, None), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (None, 9741)}, 'workloads': 1, 'speedup': (1.11, 1.11, 1.11), 'fallbacks': (), 'hand_back': True},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 1794), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (441, 481), 'mean_seq_len': (53, None), 'num_seqs': (11, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (441, 481), 'mean_seq_len': (53, None), 'num_seqs': (22, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (4, 53), 'num_seqs': (None, 3), 'total_seq_len': (37, 4871)}, 'workloads': 1, 'speedup': (4.39, 4.39, 4.39), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (608, 861)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (861, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
-    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (322, 723), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (1217, 2435)}, 'workloads': 1, 'speedup': (3.23, 3.23, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (53, 73), 'num_seqs': (11, None), 'total_seq_len': (1722, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (181, 441), 'mean_seq_len': (53, 73), 'num_seqs': (11, None), 'total_seq_len': (1722, None)}, 'workloads': 1, 'speedup': (1.07, 1.07, 1.07), 'fallbacks': (), 'hand_back': True},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (73, 152), 'num_seqs': (11, None), 'total_seq_len': (1722, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64')},
-    {'region': 38, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (861, None), 'num_seqs': (None, 4), 'total_seq_len': (2435, 3444)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (861, None), 'num_seqs': (None, 2), 'total_seq_len': (2435, 4871)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 40, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (861, None), 'num_seqs': (2, 4), 'total_seq_len': (2435, 4871)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 41, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1920), 'mean_seq_len': (53, 861), 'num_seqs': (None, 4), 'total_seq_len': (2435, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4')},
-    {'region': 42, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1920, None), 'mean_seq_len': (53, 861), 'num_seqs': (None, 4), 'total_seq_len': (2435, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 43, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (861, None), 'num_seqs': (None, 4), 'total_seq_len': (3444, None)}, 'workloads': 1, 'speedup': (1.7, 1.7, 1.7), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, 2831), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (3444, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (481, 5418), 'mean_seq_len': (53, 215), 'num_seqs': (11, None), 'total_seq_len': (3444, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 46, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (5418, None), 'mean_seq_len': (53, 215), 'num_seqs': (11, None), 'total_seq_len': (3444, None)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (481, 9728), 'mean_seq_len': (215, 1505), 'num_seqs': (11, None), 'total_seq_len': (3444, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 48, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (9728, None), 'mean_seq_len': (215, 1505), 'num_seqs': (11, None), 'total_seq_len': (3444, None)}, 'workloads': 1, 'speedup': (1.14, 1.14, 1.14), 'fallbacks': (), 'hand_back': True},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (481, None), 'mean_seq_len': (1505, None), 'num_seqs': (11, None), 'total_seq_len': (3444, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 50, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2281, 3022), 'mean_seq_len': (861, None), 'num_seqs': (None, 4), 'total_seq_len': (4871, 6888)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4'), 'hand_back': True},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3022, None), 'mean_seq_len': (861, None), 'num_seqs': (None, 4), 'total_seq_len': (4871, 6888)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 52, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2872, None), 'mean_seq_len': (None, 37), 'total_seq_len': (4871, 6888)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 53, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 696), 'mean_seq_len': (37, 53), 'total_seq_len': (4871, 8192)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (696, 2655), 'mean_seq_len': (37, 53), 'total_seq_len': (4871, 8192)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 55, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2655, None), 'mean_seq_len': (37, 53), 'total_seq_len': (4871, 8192)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 56, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 2872), 'mean_seq_len': (None, 37), 'total_seq_len': (4871, None)}, 'workloads': 2, 'speedup': (1.2, 1.22, 1.24), 'fallbacks': ()},
-    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2831, 5362), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (4871, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64')},
-    {'region': 58, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (152, None), 'num_seqs': (11, None), 'total_seq_len': (6427, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 59, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (861, None), 'num_seqs': (None, 2), 'total_seq_len': (6888, 9741)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32')},
-    {'region': 60, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2281, 4399), 'mean_seq_len': (861, None), 'num_seqs': (2, 4), 'total_seq_len': (6888, 9741)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4'), 'hand_back': True},
-    {'region': 61, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (861, None), 'num_seqs': (2, 4), 'total_seq_len': (6888, 9741)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
-    {'region': 62, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2872, None), 'mean_seq_len': (None, 37), 'total_seq_len': (6888, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 63, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 571), 'mean_seq_len': (37, 53), 'total_seq_len': (8192, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 64, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (571, None), 'mean_seq_len': (37, 53), 'total_seq_len': (8192, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 65, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2281, 5232), 'mean_seq_len': (861, None), 'num_seqs': (None, 4), 'total_seq_len': (9741, 12815)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4'), 'hand_back': True},
-    {'region': 66, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5232, None), 'mean_seq_len': (861, None), 'num_seqs': (None, 4), 'total_seq_len': (9741, 12815)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 67, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5362, None), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (9741, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 68, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2281, 6444), 'mean_seq_len': (861, None), 'num_seqs': (None, 4), 'total_seq_len': (12815, None)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
-    {'region': 69, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (6444, None), 'mean_seq_len': (861, None), 'num_seqs': (None, 4), 'total_seq_len': (12815, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (441, 1433), 'mean_seq_len': (53, 75), 'num_seqs': (22, None), 'total_seq_len': (None, 9741)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1433, None), 'mean_seq_len': (53, 75), 'num_seqs': (22, None), 'total_seq_len': (None, 9741)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': (), 'hand_back': True},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (441, 4844), 'mean_seq_len': (75, None), 'num_seqs': (22, None), 'total_seq_len': (None, 9741)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 29, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (4844, None), 'mean_seq_len': (75, None), 'num_seqs': (22, None), 'total_seq_len': (None, 9741)}, 'workloads': 2, 'speedup': (1.08, 1.09, 1.09), 'fallbacks': (), 'hand_back': True},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 1794), 'mean_seq_len': (53, None), 'num_seqs': (4, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 33, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (4, 53), 'num_seqs': (None, 3), 'total_seq_len': (37, 3444)}, 'workloads': 1, 'speedup': (4.36, 4.36, 4.36), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (608, 861)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (861, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
+    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (322, 723), 'mean_seq_len': (53, None), 'num_seqs': (None, 4), 'total_seq_len': (1217, 2435)}, 'workloads': 1, 'speedup': (3.23, 3.23, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (53, 73), 'num_seqs': (11, None), 'total_seq_len': (1722, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 38, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (181, 441), 'mean_seq_len': (53, 73), 'num_seqs': (11, None), 'total_seq_len': (1722, None)}, 'workloads': 1, 'speedup': (1.07, 1.07, 1.07), 'fallbacks': (), 'hand_back': True},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (73, 152), 'num_seqs': (11, None), 'total_seq_len': (1722, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64')},
+    {'region': 40, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (861, None), 'num_seqs': (None, 4), 'total_seq_len': (2435, 3444)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (861, None), 'num_seqs': (None, 2), 'total_seq_len': (2435, 4871)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 42, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (861, None), 'num_seqs': (2, 4), 'total_seq_len': (2435, 4871)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 43, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1920), 'mean_seq_len': (53, 861), 'num_seqs': (None, 4), 'total_seq_len': (2435, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4')},
+    {'region': 44, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1920, None), 'mean_seq_len': (53, 861), 'num_seqs': (None, 4), 'total_seq_len': (2435, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 45, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (None, 53), 'num_seqs': (None, 181), 'total_seq_len': (3444, 4871)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 53), 'num_seqs': (None, 181), 'total_seq_len': (3444, 4871)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 47, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 2655), 'mean_seq_len': (None, 53), 'num_seqs': (181, None), 'total_seq_len': (3444, 4871)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2655, None), 'mean_seq_len': (None, 53), 'num_seqs': (181, None), 'total_seq_len': (3444, 4871)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (861, None), 'num_seqs': (None, 4), 'total_seq_len': (3444, None)}, 'workloads': 1, 'speedup': (1.7, 1.7, 1.7), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, 2831), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (3444, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (441, None), 'mean_seq_len': (53, None), 'num_seqs': (11, 22), 'total_seq_len': (3444, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 52, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2281, 3547), 'mean_seq_len': (861, None), 'num_seqs': (None, 4), 'total_seq_len': (4871, 9741)}, 'workloads': 1, 'speedup': (1.47, 1.47, 1.47), 'fallbacks': (), 'hand_back': True},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3547, None), 'mean_seq_len': (861, None), 'num_seqs': (None, 4), 'total_seq_len': (4871, 9741)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
+    {'region': 54, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1541), 'mean_seq_len': (None, 26), 'total_seq_len': (4871, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1541, None), 'mean_seq_len': (None, 26), 'total_seq_len': (4871, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 56, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 696), 'mean_seq_len': (26, 37), 'total_seq_len': (4871, None)}, 'workloads': 2, 'speedup': (1.2, 1.22, 1.24), 'fallbacks': ()},
+    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (696, None), 'mean_seq_len': (26, 37), 'total_seq_len': (4871, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 58, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 380), 'mean_seq_len': (37, 53), 'total_seq_len': (4871, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 59, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (380, None), 'mean_seq_len': (37, 53), 'total_seq_len': (4871, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 60, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2831, 5362), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (4871, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64')},
+    {'region': 61, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 441), 'mean_seq_len': (152, None), 'num_seqs': (11, None), 'total_seq_len': (6427, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 62, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2281, 5232), 'mean_seq_len': (861, None), 'num_seqs': (None, 4), 'total_seq_len': (9741, 12815)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4'), 'hand_back': True},
+    {'region': 63, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5232, None), 'mean_seq_len': (861, None), 'num_seqs': (None, 4), 'total_seq_len': (9741, 12815)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 64, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5362, None), 'mean_seq_len': (53, None), 'num_seqs': (4, 11), 'total_seq_len': (9741, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 65, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (441, 5418), 'mean_seq_len': (53, 215), 'num_seqs': (22, None), 'total_seq_len': (9741, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 66, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (5418, None), 'mean_seq_len': (53, 215), 'num_seqs': (22, None), 'total_seq_len': (9741, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 67, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (441, 9728), 'mean_seq_len': (215, None), 'num_seqs': (22, None), 'total_seq_len': (9741, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 68, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (9728, None), 'mean_seq_len': (215, None), 'num_seqs': (22, None), 'total_seq_len': (9741, None)}, 'workloads': 1, 'speedup': (1.14, 1.14, 1.14), 'fallbacks': (), 'hand_back': True},
+    {'region': 69, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2281, 6444), 'mean_seq_len': (861, None), 'num_seqs': (None, 4), 'total_seq_len': (12815, None)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
+    {'region': 70, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (6444, None), 'mean_seq_len': (861, None), 'num_seqs': (None, 4), 'total_seq_len': (12815, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, None), 'mean_seq_len': (None, 4), 'num_seqs': (None, 8), 'total_seq_len': (None, 31)}, 'workloads': 2, 'speedup': (4.73, 6.47, 8.85), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, None), 'mean_seq_len': (4, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 31)}, 'workloads': 1, 'speedup': (13.01, 13.01, 13.01), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 29), 'num_seqs': (8, None), 'total_seq_len': (None, 93)}, 'workloads': 4, 'speedup': (3.65, 5.03, 6.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (None, 7), 'total_seq_len': (None, 388)}, 'workloads': 6, 'speedup': (5.5, 9.28, 16.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (7, 8), 'total_seq_len': (None, 388)}, 'workloads': 3, 'speedup': (3.42, 3.81, 4.43), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (29, None), 'num_seqs': (8, None), 'total_seq_len': (None, 388)}, 'workloads': 7, 'speedup': (2.1, 3.35, 4.85), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 19), 'num_seqs': (None, 8), 'total_seq_len': (31, 388)}, 'workloads': 4, 'speedup': (2.94, 5.06, 8.69), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (19, None), 'num_seqs': (None, 8), 'total_seq_len': (31, 388)}, 'workloads': 23, 'speedup': (1.35, 5.38, 9.51), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (None, 9), 'num_seqs': (8, None), 'total_seq_len': (93, 388)}, 'workloads': 8, 'speedup': (2.23, 3.64, 5.22), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (9, None), 'num_seqs': (8, None), 'total_seq_len': (93, 388)}, 'workloads': 1, 'speedup': (3.21, 3.21, 3.21), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 2), 'total_seq_len': (388, 7643)}, 'workloads': 2, 'speedup': (2.5, 2.52, 2.54), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (None, 2), 'total_seq_len': (388, 7643)}, 'workloads': 1, 'speedup': (2.65, 2.65, 2.65), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 4), 'total_seq_len': (388, 7643)}, 'workloads': 3, 'speedup': (2.11, 2.33, 2.64), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2893, None), 'mean_seq_len': (4, 1217), 'total_seq_len': (388, 7643)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 2893), 'mean_seq_len': (4, None), 'total_seq_len': (388, 7643)}, 'workloads': 63, 'speedup': (1.65, 3.32, 7.98), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2893, None), 'mean_seq_len': (1217, None), 'total_seq_len': (388, 7643)}, 'workloads': 2, 'speedup': (2.01, 2.59, 3.33), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1081, 5365), 'num_seqs': (None, 5), 'total_seq_len': (7643, 9741)}, 'workloads': 2, 'speedup': (3.39, 3.75, 4.15), 'fallbacks': ('cuda_prefill_cp.p4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1081), 'num_seqs': (None, 45), 'total_seq_len': (7643, 9741)}, 'workloads': 3, 'speedup': (1.66, 2.14, 2.8), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (5365, None), 'mean_seq_len': (None, 1217), 'num_seqs': (None, 49), 'total_seq_len': (7643, 9741)}, 'workloads': 3, 'speedup': (1.18, 1.71, 2.13), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 5365), 'num_seqs': (5, 45), 'total_seq_len': (7643, 9741)}, 'workloads': 3, 'speedup': (1.35, 1.51, 1.63), 'fallbacks': ()},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5365, None), 'mean_seq_len': (1217, None), 'num_seqs': (None, 1), 'total_seq_len': (7643, 19483)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (5365, None), 'mean_seq_len': (1217, None), 'num_seqs': (1, 49), 'total_seq_len': (7643, 19483)}, 'workloads': 1, 'speedup': (2.38, 2.38, 2.38), 'fallbacks': ()},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 5365), 'num_seqs': (45, None), 'total_seq_len': (7643, 27554)}, 'workloads': 5, 'speedup': (1.58, 1.92, 2.5), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (5365, 19430), 'num_seqs': (49, 181), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.92, 1.92, 1.92), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (19430, None), 'num_seqs': (49, 181), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (5365, None), 'num_seqs': (181, None), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 5365), 'mean_seq_len': (2435, None), 'num_seqs': (None, 45), 'total_seq_len': (9741, 19483)}, 'workloads': 1, 'speedup': (1.63, 1.63, 1.63), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (5365, None), 'mean_seq_len': (None, 1217), 'num_seqs': (None, 49), 'total_seq_len': (9741, 19483)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4', 'flashinfer_direct')},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 5365), 'mean_seq_len': (None, 2435), 'num_seqs': (None, 45), 'total_seq_len': (9741, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 5365), 'mean_seq_len': (2435, None), 'num_seqs': (None, 45), 'total_seq_len': (19483, None)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ()},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (5365, 18958), 'mean_seq_len': (None, 1722), 'num_seqs': (None, 49), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4', 'flashinfer_direct')},
-    {'region': 32, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (18958, None), 'mean_seq_len': (None, 1722), 'num_seqs': (None, 49), 'total_seq_len': (19483, None)}, 'workloads': 1, 'speedup': (1.47, 1.47, 1.47), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 33, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (5365, None), 'mean_seq_len': (1722, 3444), 'num_seqs': (None, 49), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5365, None), 'mean_seq_len': (3444, None), 'num_seqs': (None, 49), 'total_seq_len': (19483, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 5365), 'num_seqs': (45, 181), 'total_seq_len': (27554, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 5365), 'num_seqs': (181, None), 'total_seq_len': (27554, None)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (12.15, 12.15, 12.15), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, 29), 'mean_seq_len': (None, 4), 'total_seq_len': (None, 107)}, 'workloads': 5, 'speedup': (3.01, 4.65, 8.85), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (36, None), 'mean_seq_len': (None, 53), 'total_seq_len': (None, 107)}, 'workloads': 3, 'speedup': (3.85, 5.99, 8.95), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (29, 36), 'num_seqs': (None, 5), 'total_seq_len': (None, 152)}, 'workloads': 3, 'speedup': (5.31, 6.52, 8.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (29, 36), 'num_seqs': (5, None), 'total_seq_len': (None, 152)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (36, None), 'mean_seq_len': (53, None), 'total_seq_len': (None, 304)}, 'workloads': 9, 'speedup': (4.17, 5.96, 8.7), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 29), 'mean_seq_len': (4, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 608)}, 'workloads': 4, 'speedup': (7.66, 9.22, 13.01), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (1, 8), 'num_seqs': (None, 7), 'total_seq_len': (None, 608)}, 'workloads': 5, 'speedup': (5.5, 8.82, 16.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 29), 'mean_seq_len': (4, None), 'num_seqs': (5, None), 'total_seq_len': (None, 608)}, 'workloads': 4, 'speedup': (2.88, 3.55, 5.22), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (1, 8), 'num_seqs': (7, None), 'total_seq_len': (None, 608)}, 'workloads': 14, 'speedup': (1.89, 3.64, 6.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 1), 'total_seq_len': (2, 608)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 29), 'mean_seq_len': (None, 4), 'total_seq_len': (107, 608)}, 'workloads': 2, 'speedup': (2.23, 2.79, 3.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (36, None), 'mean_seq_len': (None, 53), 'total_seq_len': (107, 969)}, 'workloads': 18, 'speedup': (1.13, 2.43, 8.41), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (29, 36), 'total_seq_len': (152, 304)}, 'workloads': 2, 'speedup': (1.81, 2.27, 2.86), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (29, 36), 'total_seq_len': (304, 969)}, 'workloads': 2, 'speedup': (1.96, 2.04, 2.13), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (36, None), 'mean_seq_len': (53, None), 'total_seq_len': (304, 969)}, 'workloads': 9, 'speedup': (2.24, 4.03, 6.8), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'total_seq_len': (608, 861)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (9, 29), 'total_seq_len': (608, 861)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 29), 'total_seq_len': (861, 7643)}, 'workloads': 4, 'speedup': (1.85, 2.17, 2.45), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (29, 181), 'mean_seq_len': (None, 13), 'total_seq_len': (969, 1743)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (None, 13), 'total_seq_len': (969, 1743)}, 'workloads': 2, 'speedup': (2.0, 2.08, 2.15), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 22, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (13, None), 'num_seqs': (None, 5), 'total_seq_len': (969, 7643)}, 'workloads': 16, 'speedup': (1.94, 3.79, 5.38), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
+    {'region': 23, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (29, 181), 'mean_seq_len': (13, None), 'num_seqs': (None, 22), 'total_seq_len': (969, 7643)}, 'workloads': 3, 'speedup': (3.13, 3.32, 3.59), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (13, None), 'num_seqs': (5, None), 'total_seq_len': (969, 7643)}, 'workloads': 15, 'speedup': (1.59, 2.3, 3.84), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (29, 181), 'mean_seq_len': (13, None), 'num_seqs': (22, None), 'total_seq_len': (969, 7643)}, 'workloads': 7, 'speedup': (1.68, 2.25, 2.96), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'flashinfer_direct')},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (29, 724), 'mean_seq_len': (None, 13), 'total_seq_len': (1743, 7643)}, 'workloads': 1, 'speedup': (2.23, 2.23, 2.23), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (724, None), 'mean_seq_len': (None, 13), 'total_seq_len': (1743, 7643)}, 'workloads': 1, 'speedup': (2.05, 2.05, 2.05), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, 7170), 'mean_seq_len': (None, 1722), 'num_seqs': (181, None), 'total_seq_len': (7643, 13777)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5365, 9740), 'mean_seq_len': (1722, None), 'num_seqs': (None, 1), 'total_seq_len': (7643, 19483)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
+    {'region': 30, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (9740, None), 'mean_seq_len': (1722, 13777), 'total_seq_len': (7643, 19483)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (9740, None), 'mean_seq_len': (13777, None), 'total_seq_len': (7643, 19483)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 32, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (5365, 9740), 'mean_seq_len': (1722, None), 'num_seqs': (1, None), 'total_seq_len': (7643, 19483)}, 'workloads': 1, 'speedup': (2.38, 2.38, 2.38), 'fallbacks': ()},
+    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 5365), 'mean_seq_len': (1722, None), 'total_seq_len': (7643, 26285)}, 'workloads': 3, 'speedup': (1.8, 3.03, 4.07), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1081), 'mean_seq_len': (None, 1722), 'num_seqs': (121, None), 'total_seq_len': (7643, 27554)}, 'workloads': 2, 'speedup': (1.68, 1.7, 1.71), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 35, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (7170, 8168), 'mean_seq_len': (None, 1722), 'num_seqs': (None, 90), 'total_seq_len': (7643, None)}, 'workloads': 2, 'speedup': (1.68, 1.89, 2.13), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8168, None), 'mean_seq_len': (None, 1722), 'num_seqs': (None, 90), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1081), 'mean_seq_len': (None, 1722), 'num_seqs': (None, 121), 'total_seq_len': (7643, None)}, 'workloads': 6, 'speedup': (1.38, 1.84, 2.71), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 1780), 'mean_seq_len': (None, 1722), 'num_seqs': (None, 181), 'total_seq_len': (7643, None)}, 'workloads': 2, 'speedup': (1.35, 1.48, 1.63), 'fallbacks': ()},
+    {'region': 39, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1780, 7170), 'mean_seq_len': (None, 1722), 'num_seqs': (None, 181), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.41, 1.74, 2.08), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 40, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7170, None), 'mean_seq_len': (None, 1722), 'num_seqs': (90, 181), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 41, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (7170, None), 'mean_seq_len': (None, 1722), 'num_seqs': (181, None), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
+    {'region': 42, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 7170), 'mean_seq_len': (None, 1722), 'num_seqs': (181, None), 'total_seq_len': (13777, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 43, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (5365, None), 'mean_seq_len': (1722, 3444), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5365, None), 'mean_seq_len': (3444, None), 'total_seq_len': (19483, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 45, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 5365), 'mean_seq_len': (1722, None), 'total_seq_len': (26285, None)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ()},
+    {'region': 46, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1081), 'mean_seq_len': (None, 1722), 'num_seqs': (121, None), 'total_seq_len': (27554, None)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -436,13 +448,13 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 3: 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill
     if total_seq_len <= 608 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 322 < max_seq_len <= 896:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 4: 6 workloads, 2.45x (1.91x .. 3.23x) over vllm_flashinfer_prefill
+    # region 4: 6 workloads, 2.46x (1.91x .. 3.25x) over vllm_flashinfer_prefill
     if total_seq_len <= 1217 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 723:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r32s4'
     # region 5: 2 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 1722 and num_seqs > 11 and 53 < mean_seq_len <= 152 and max_seq_len <= 441:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 6: 4 workloads, 1.40x (1.26x .. 1.77x) over vllm_flashinfer_prefill
+    # region 6: 4 workloads, 1.40x (1.26x .. 1.76x) over vllm_flashinfer_prefill
     if total_seq_len <= 2435 and num_seqs <= 4 and 53 < mean_seq_len <= 1491 and max_seq_len > 1023:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_staged.r32s4'
     # region 7: 12 workloads, 3.41x (2.58x .. 4.50x) over vllm_flashinfer_prefill
@@ -454,163 +466,160 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 9: 2 workloads, 1.08x (1.03x .. 1.12x) over vllm_flashinfer_prefill
     if total_seq_len <= 2435 and num_seqs <= 4 and mean_seq_len > 1491 and max_seq_len > 1023:
         return 'cuda_prefill_cp.p4'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    # region 10: 3 workloads, 8.36x (8.03x .. 8.72x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and num_seqs <= 5 and mean_seq_len <= 4 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 11: 2 workloads, 3.54x (1.56x .. 8.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and num_seqs <= 8 and mean_seq_len <= 4 and 4 < max_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 12: 3 workloads, 2.05x (1.26x .. 5.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and num_seqs <= 8 and mean_seq_len <= 4 and max_seq_len > 9:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 13: 15 workloads, 2.67x (1.05x .. 5.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and 3 < num_seqs <= 8 and 4 < mean_seq_len <= 53:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 3444 and 4 < num_seqs <= 6 and mean_seq_len > 53 and 1794 < max_seq_len <= 2831:
         return 'cuda_prefill_staged.r32s4'
-    # region 11: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 15: 4 workloads, 1.68x (1.54x .. 1.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and 5 < num_seqs <= 8 and mean_seq_len <= 4 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 3444 and 6 < num_seqs <= 11 and mean_seq_len > 53 and 1794 < max_seq_len <= 2831:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 3 workloads, 1.11x (1.05x .. 1.16x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3444 and num_seqs > 11 and mean_seq_len > 53 and max_seq_len > 481:
+    # region 17: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and num_seqs > 8 and mean_seq_len <= 1 and max_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 18: 1 workloads, 1.58x (1.58x .. 1.58x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and num_seqs > 8 and mean_seq_len <= 1 and max_seq_len > 19:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 6 workloads, 1.72x (1.56x .. 2.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and num_seqs > 8 and 1 < mean_seq_len <= 2 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 2 workloads, 1.54x (1.51x .. 1.58x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and num_seqs > 8 and 1 < mean_seq_len <= 2 and max_seq_len > 8:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 21: 40 workloads, 1.31x (1.06x .. 1.56x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and num_seqs > 8 and 2 < mean_seq_len <= 53:
         return 'cuda_prefill_staged.r64s4'
-    # region 13: 3 workloads, 8.36x (8.03x .. 8.72x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4871 and num_seqs <= 5 and mean_seq_len <= 4 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 14: 2 workloads, 3.54x (1.56x .. 8.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4871 and num_seqs <= 8 and mean_seq_len <= 4 and 4 < max_seq_len <= 9:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 15: 3 workloads, 2.06x (1.27x .. 5.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4871 and num_seqs <= 8 and mean_seq_len <= 4 and max_seq_len > 9:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 16: 15 workloads, 2.68x (1.05x .. 5.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4871 and 3 < num_seqs <= 8 and 4 < mean_seq_len <= 53:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    # region 22: 2 workloads, 1.13x (1.11x .. 1.16x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3444 and 11 < num_seqs <= 22 and mean_seq_len > 53 and max_seq_len > 441:
+        return 'cuda_prefill_staged.r64s4'
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 4871 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 2831 < max_seq_len <= 5362:
         return 'cuda_prefill_staged.r32s4'
-    # region 18: 4 workloads, 1.68x (1.54x .. 1.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4871 and 5 < num_seqs <= 8 and mean_seq_len <= 4 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4871 and num_seqs > 8 and mean_seq_len <= 1 and max_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 1 workloads, 1.58x (1.58x .. 1.58x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4871 and num_seqs > 8 and mean_seq_len <= 1 and max_seq_len > 19:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 6 workloads, 1.72x (1.56x .. 2.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4871 and num_seqs > 8 and 1 < mean_seq_len <= 2 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 2 workloads, 1.54x (1.51x .. 1.57x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4871 and num_seqs > 8 and 1 < mean_seq_len <= 2 and max_seq_len > 8:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 40 workloads, 1.31x (1.06x .. 1.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4871 and num_seqs > 8 and 2 < mean_seq_len <= 53:
-        return 'cuda_prefill_staged.r64s4'
     # region 24: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 6427 and num_seqs > 11 and mean_seq_len > 152 and max_seq_len <= 441:
         return 'flashinfer_direct'
     # region 25: 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len <= 9741 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 5362:
         return 'cuda_prefill_staged.r32s4'
-    # region 26: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    # region 27: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 9741 and num_seqs > 22 and 53 < mean_seq_len <= 75 and max_seq_len > 1433:
+        return 'cuda_prefill_staged.r64s4'
+    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 9741 and num_seqs > 22 and mean_seq_len > 75 and 441 < max_seq_len <= 4844:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 2 workloads, 1.09x (1.08x .. 1.09x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 9741 and num_seqs > 22 and mean_seq_len > 75 and max_seq_len > 4844:
+        return 'cuda_prefill_cp.p4'
+    # region 30: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if 4 < num_seqs <= 11 and mean_seq_len > 53 and 896 < max_seq_len <= 956:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 4 < num_seqs <= 11 and mean_seq_len > 53 and 956 < max_seq_len <= 1081:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    # region 32: 0 workloads, by estimated times (no measured workload in it)
     if 4 < num_seqs <= 11 and mean_seq_len > 53 and 1081 < max_seq_len <= 1794:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
-    if 11 < num_seqs <= 22 and mean_seq_len > 53 and 441 < max_seq_len <= 481:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 31: 1 workloads, 4.39x (4.39x .. 4.39x) over vllm_flashinfer_prefill
-    if 37 < total_seq_len <= 4871 and num_seqs <= 3 and 4 < mean_seq_len <= 53:
+    # region 33: 1 workloads, 4.36x (4.36x .. 4.36x) over vllm_flashinfer_prefill
+    if 37 < total_seq_len <= 3444 and num_seqs <= 3 and 4 < mean_seq_len <= 53:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_staged.r32s4'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
     if 608 < total_seq_len <= 861 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len <= 896:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 33: 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+    # region 35: 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
     if total_seq_len > 861 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len <= 896:
         return 'flashinfer_direct'
-    # region 34: 1 workloads, 3.23x (3.23x .. 3.23x) over vllm_flashinfer_prefill
+    # region 36: 1 workloads, 3.23x (3.23x .. 3.23x) over vllm_flashinfer_prefill
     if 1217 < total_seq_len <= 2435 and num_seqs <= 4 and mean_seq_len > 53 and 322 < max_seq_len <= 723:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4') if inside else 'flashinfer_direct'
-    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1722 and num_seqs > 11 and 53 < mean_seq_len <= 73 and max_seq_len <= 181:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill's guarded call
+    # region 38: 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 1722 and num_seqs > 11 and 53 < mean_seq_len <= 73 and 181 < max_seq_len <= 441:
         return 'cuda_prefill_staged.r64s4'
-    # region 37: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 39: 5 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1722 and num_seqs > 11 and 73 < mean_seq_len <= 152 and max_seq_len <= 441:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 0 workloads, by estimated times (no measured workload in it)
+    # region 40: 0 workloads, by estimated times (no measured workload in it)
     if 2435 < total_seq_len <= 3444 and num_seqs <= 4 and mean_seq_len > 861 and max_seq_len <= 2281:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 39: 3 workloads, the baseline; its stand-ins where it cannot run here
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 41: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 2435 < total_seq_len <= 4871 and num_seqs <= 2 and mean_seq_len > 861 and max_seq_len > 2281:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 0 workloads, by estimated times (no measured workload in it)
+    # region 42: 0 workloads, by estimated times (no measured workload in it)
     if 2435 < total_seq_len <= 4871 and 2 < num_seqs <= 4 and mean_seq_len > 861 and max_seq_len > 2281:
         return 'cuda_prefill_cp.p4'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2435 and num_seqs <= 4 and 53 < mean_seq_len <= 861 and max_seq_len <= 1920:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4') if inside else 'flashinfer_direct'
-    # region 42: 0 workloads, by estimated times (no measured workload in it)
+    # region 44: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2435 and num_seqs <= 4 and 53 < mean_seq_len <= 861 and max_seq_len > 1920:
         return 'cuda_prefill_cp.p4'
-    # region 43: 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill
+    # region 45: 0 workloads, by estimated times (no measured workload in it)
+    if 3444 < total_seq_len <= 4871 and num_seqs <= 181 and mean_seq_len <= 53 and max_seq_len <= 2281:
+        return 'cuda_prefill_staged.r64s4'
+    # region 47: 0 workloads, by estimated times (no measured workload in it)
+    if 3444 < total_seq_len <= 4871 and num_seqs > 181 and mean_seq_len <= 53 and max_seq_len <= 2655:
+        return 'cuda_prefill_staged.r64s4'
+    # region 49: 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill
     if total_seq_len > 3444 and num_seqs <= 4 and mean_seq_len > 861 and max_seq_len <= 2281:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 50: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 3444 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 1794 < max_seq_len <= 2831:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3444 and num_seqs > 11 and 53 < mean_seq_len <= 215 and 481 < max_seq_len <= 5418:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 3444 and num_seqs > 11 and 53 < mean_seq_len <= 215 and max_seq_len > 5418:
-        return 'cuda_prefill_cp.p4'
-    # region 47: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3444 and num_seqs > 11 and 215 < mean_seq_len <= 1505 and 481 < max_seq_len <= 9728:
+    # region 51: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3444 and 11 < num_seqs <= 22 and mean_seq_len > 53 and max_seq_len > 441:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 3444 and num_seqs > 11 and 215 < mean_seq_len <= 1505 and max_seq_len > 9728:
-        return 'cuda_prefill_cp.p4'
-    # region 50: 0 workloads, by estimated times (no measured workload in it)
-    if 4871 < total_seq_len <= 6888 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 3022:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
-    # region 52: 0 workloads, by estimated times (no measured workload in it)
-    if 4871 < total_seq_len <= 6888 and mean_seq_len <= 37 and max_seq_len > 2872:
+    # region 52: 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill's guarded call
+    if 4871 < total_seq_len <= 9741 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 3547:
         return 'cuda_prefill_staged.r64s4'
-    # region 53: 0 workloads, by estimated times (no measured workload in it)
-    if 4871 < total_seq_len <= 8192 and 37 < mean_seq_len <= 53 and max_seq_len <= 696:
-        return 'cuda_prefill_staged.r64s4'
-    # region 55: 0 workloads, by estimated times (no measured workload in it)
-    if 4871 < total_seq_len <= 8192 and 37 < mean_seq_len <= 53 and max_seq_len > 2655:
+    # region 53: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 4871 < total_seq_len <= 9741 and num_seqs <= 4 and mean_seq_len > 861 and max_seq_len > 3547:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 54: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 4871 and mean_seq_len <= 26 and max_seq_len <= 1541:
         return 'cuda_prefill_staged.r64s4'
     # region 56: 2 workloads, 1.22x (1.20x .. 1.24x) over vllm_flashinfer_prefill
-    if total_seq_len > 4871 and mean_seq_len <= 37 and max_seq_len <= 2872:
+    if total_seq_len > 4871 and 26 < mean_seq_len <= 37 and max_seq_len <= 696:
         return 'cuda_prefill_staged.r64s4'
     # region 57: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4871 and 26 < mean_seq_len <= 37 and max_seq_len > 696:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 58: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 4871 and 37 < mean_seq_len <= 53 and max_seq_len <= 380:
+        return 'cuda_prefill_staged.r64s4'
+    # region 60: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 4871 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 2831 < max_seq_len <= 5362:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 58: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 61: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 6427 and num_seqs > 11 and mean_seq_len > 152 and max_seq_len <= 441:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 59: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 6888 < total_seq_len <= 9741 and num_seqs <= 2 and mean_seq_len > 861 and max_seq_len > 2281:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 60: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
-    if 6888 < total_seq_len <= 9741 and 2 < num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 4399:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
-    # region 61: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 6888 < total_seq_len <= 9741 and 2 < num_seqs <= 4 and mean_seq_len > 861 and max_seq_len > 4399:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 62: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 6888 and mean_seq_len <= 37 and max_seq_len > 2872:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 63: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 8192 and 37 < mean_seq_len <= 53 and max_seq_len <= 571:
-        return 'cuda_prefill_staged.r64s4'
-    # region 65: 0 workloads, by estimated times (no measured workload in it)
+    # region 62: 0 workloads, by estimated times (no measured workload in it)
     if 9741 < total_seq_len <= 12815 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 5232:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
-    # region 68: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
+    # region 66: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 9741 and num_seqs > 22 and 53 < mean_seq_len <= 215 and max_seq_len > 5418:
+        return 'cuda_prefill_cp.p4'
+    # region 68: 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 9741 and num_seqs > 22 and mean_seq_len > 215 and max_seq_len > 9728:
+        return 'cuda_prefill_cp.p4'
+    # region 69: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 12815 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 6444:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 69: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 70: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 12815 and num_seqs <= 4 and mean_seq_len > 861 and max_seq_len > 6444:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -619,139 +628,171 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 6.47x (4.73x .. 8.85x) over vllm_flashinfer_prefill
-    if total_seq_len <= 31 and num_seqs <= 8 and mean_seq_len <= 4 and max_seq_len > 8:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 1 workloads, 13.01x (13.01x .. 13.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 31 and num_seqs <= 8 and mean_seq_len > 4 and max_seq_len > 8:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 4 workloads, 5.03x (3.65x .. 6.48x) over vllm_flashinfer_prefill
-    if total_seq_len <= 93 and num_seqs > 8 and max_seq_len <= 29:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 6 workloads, 9.28x (5.50x .. 16.19x) over vllm_flashinfer_prefill
-    if total_seq_len <= 388 and num_seqs <= 7 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 3 workloads, 3.81x (3.42x .. 4.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 388 and 7 < num_seqs <= 8 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 7 workloads, 3.35x (2.10x .. 4.85x) over vllm_flashinfer_prefill
-    if total_seq_len <= 388 and num_seqs > 8 and max_seq_len > 29:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 4 workloads, 5.06x (2.94x .. 8.69x) over vllm_flashinfer_prefill
-    if 31 < total_seq_len <= 388 and num_seqs <= 8 and 8 < max_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 8: 23 workloads, 5.38x (1.35x .. 9.51x) over vllm_flashinfer_prefill
-    if 31 < total_seq_len <= 388 and num_seqs <= 8 and max_seq_len > 19:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 8 workloads, 3.64x (2.23x .. 5.22x) over vllm_flashinfer_prefill
-    if 93 < total_seq_len <= 388 and num_seqs > 8 and mean_seq_len <= 9 and max_seq_len <= 29:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 1 workloads, 3.21x (3.21x .. 3.21x) over vllm_flashinfer_prefill
-    if 93 < total_seq_len <= 388 and num_seqs > 8 and mean_seq_len > 9 and max_seq_len <= 29:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 2 workloads, 2.52x (2.50x .. 2.54x) over vllm_flashinfer_prefill
-    if 388 < total_seq_len <= 7643 and mean_seq_len <= 2 and max_seq_len <= 22:
+    # region 1: 1 workloads, 12.15x (12.15x .. 12.15x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2 and max_seq_len <= 1:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 5 workloads, 4.65x (3.01x .. 8.85x) over vllm_flashinfer_prefill
+    if total_seq_len <= 107 and mean_seq_len <= 4 and 8 < max_seq_len <= 29:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 3 workloads, 5.99x (3.85x .. 8.95x) over vllm_flashinfer_prefill
+    if total_seq_len <= 107 and mean_seq_len <= 53 and max_seq_len > 36:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 3 workloads, 6.52x (5.31x .. 8.26x) over vllm_flashinfer_prefill
+    if total_seq_len <= 152 and num_seqs <= 5 and 29 < max_seq_len <= 36:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 152 and num_seqs > 5 and 29 < max_seq_len <= 36:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 9 workloads, 5.96x (4.17x .. 8.70x) over vllm_flashinfer_prefill
+    if total_seq_len <= 304 and mean_seq_len > 53 and max_seq_len > 36:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 4 workloads, 9.22x (7.66x .. 13.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 608 and num_seqs <= 5 and mean_seq_len > 4 and 8 < max_seq_len <= 29:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 5 workloads, 8.82x (5.50x .. 16.19x) over vllm_flashinfer_prefill
+    if total_seq_len <= 608 and num_seqs <= 7 and 1 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 9: 4 workloads, 3.55x (2.88x .. 5.22x) over vllm_flashinfer_prefill
+    if total_seq_len <= 608 and num_seqs > 5 and mean_seq_len > 4 and 8 < max_seq_len <= 29:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 14 workloads, 3.64x (1.89x .. 6.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 608 and num_seqs > 7 and 1 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if 2 < total_seq_len <= 608 and max_seq_len <= 1:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 2 workloads, 2.79x (2.23x .. 3.48x) over vllm_flashinfer_prefill
+    if 107 < total_seq_len <= 608 and mean_seq_len <= 4 and 8 < max_seq_len <= 29:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 1 workloads, 2.65x (2.65x .. 2.65x) over vllm_flashinfer_prefill
-    if 388 < total_seq_len <= 7643 and mean_seq_len <= 2 and max_seq_len > 22:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 3 workloads, 2.33x (2.11x .. 2.64x) over vllm_flashinfer_prefill
-    if 388 < total_seq_len <= 7643 and 2 < mean_seq_len <= 4:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
-    if 388 < total_seq_len <= 7643 and 4 < mean_seq_len <= 1217 and max_seq_len > 2893:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 63 workloads, 3.32x (1.65x .. 7.98x) over vllm_flashinfer_prefill
-    if 388 < total_seq_len <= 7643 and mean_seq_len > 4 and max_seq_len <= 2893:
+    # region 13: 18 workloads, 2.43x (1.13x .. 8.41x) over vllm_flashinfer_prefill
+    if 107 < total_seq_len <= 969 and mean_seq_len <= 53 and max_seq_len > 36:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 2 workloads, 2.59x (2.01x .. 3.33x) over vllm_flashinfer_prefill
-    if 388 < total_seq_len <= 7643 and mean_seq_len > 1217 and max_seq_len > 2893:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 17: 2 workloads, 3.75x (3.39x .. 4.15x) over vllm_flashinfer_prefill
-    if 7643 < total_seq_len <= 9741 and num_seqs <= 5 and 1081 < max_seq_len <= 5365:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 18: 3 workloads, 2.14x (1.66x .. 2.80x) over vllm_flashinfer_prefill
-    if 7643 < total_seq_len <= 9741 and num_seqs <= 45 and max_seq_len <= 1081:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 3 workloads, 1.71x (1.18x .. 2.13x) over vllm_flashinfer_prefill
-    if 7643 < total_seq_len <= 9741 and num_seqs <= 49 and mean_seq_len <= 1217 and max_seq_len > 5365:
-        return ('cuda_prefill_cp.p4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
-    # region 20: 3 workloads, 1.51x (1.35x .. 1.63x) over vllm_flashinfer_prefill
-    if 7643 < total_seq_len <= 9741 and 5 < num_seqs <= 45 and 1081 < max_seq_len <= 5365:
-        return 'flashinfer_direct'
-    # region 21: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 7643 < total_seq_len <= 19483 and num_seqs <= 1 and mean_seq_len > 1217 and max_seq_len > 5365:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 1 workloads, 2.38x (2.38x .. 2.38x) over vllm_flashinfer_prefill
-    if 7643 < total_seq_len <= 19483 and 1 < num_seqs <= 49 and mean_seq_len > 1217 and max_seq_len > 5365:
-        return 'cuda_prefill_cp.p4'
-    # region 23: 5 workloads, 1.92x (1.58x .. 2.50x) over vllm_flashinfer_prefill
-    if 7643 < total_seq_len <= 27554 and num_seqs > 45 and max_seq_len <= 5365:
+    # region 14: 2 workloads, 2.27x (1.81x .. 2.86x) over vllm_flashinfer_prefill
+    if 152 < total_seq_len <= 304 and 29 < max_seq_len <= 36:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 2 workloads, 2.04x (1.96x .. 2.13x) over vllm_flashinfer_prefill
+    if 304 < total_seq_len <= 969 and 29 < max_seq_len <= 36:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 16: 9 workloads, 4.03x (2.24x .. 6.80x) over vllm_flashinfer_prefill
+    if 304 < total_seq_len <= 969 and mean_seq_len > 53 and max_seq_len > 36:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if 608 < total_seq_len <= 861 and max_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if 608 < total_seq_len <= 861 and 9 < max_seq_len <= 29:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 4 workloads, 2.17x (1.85x .. 2.45x) over vllm_flashinfer_prefill
+    if 861 < total_seq_len <= 7643 and max_seq_len <= 29:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if 969 < total_seq_len <= 1743 and mean_seq_len <= 13 and 29 < max_seq_len <= 181:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 21: 2 workloads, 2.08x (2.00x .. 2.15x) over vllm_flashinfer_prefill
+    if 969 < total_seq_len <= 1743 and mean_seq_len <= 13 and max_seq_len > 181:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
+    # region 22: 16 workloads, 3.79x (1.94x .. 5.38x) over vllm_flashinfer_prefill
+    if 969 < total_seq_len <= 7643 and num_seqs <= 5 and mean_seq_len > 13 and max_seq_len > 181:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p4'
+    # region 23: 3 workloads, 3.32x (3.13x .. 3.59x) over vllm_flashinfer_prefill
+    if 969 < total_seq_len <= 7643 and num_seqs <= 22 and mean_seq_len > 13 and 29 < max_seq_len <= 181:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p4'
+    # region 24: 15 workloads, 2.30x (1.59x .. 3.84x) over vllm_flashinfer_prefill
+    if 969 < total_seq_len <= 7643 and num_seqs > 5 and mean_seq_len > 13 and max_seq_len > 181:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 1 workloads, 1.92x (1.92x .. 1.92x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and 49 < num_seqs <= 181 and 5365 < max_seq_len <= 19430:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 7643 and 49 < num_seqs <= 181 and max_seq_len > 19430:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
-    # region 26: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs > 181 and max_seq_len > 5365:
-        return 'flashinfer_direct'
-    # region 27: 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill
-    if 9741 < total_seq_len <= 19483 and num_seqs <= 45 and mean_seq_len > 2435 and max_seq_len <= 5365:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 25: 7 workloads, 2.25x (1.68x .. 2.96x) over vllm_flashinfer_prefill
+    if 969 < total_seq_len <= 7643 and num_seqs > 22 and mean_seq_len > 13 and 29 < max_seq_len <= 181:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 1 workloads, 2.23x (2.23x .. 2.23x) over vllm_flashinfer_prefill
+    if 1743 < total_seq_len <= 7643 and mean_seq_len <= 13 and 29 < max_seq_len <= 724:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 27: 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill
+    if 1743 < total_seq_len <= 7643 and mean_seq_len <= 13 and max_seq_len > 724:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p4'
     # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if 9741 < total_seq_len <= 19483 and num_seqs <= 49 and mean_seq_len <= 1217 and max_seq_len > 5365:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 9741 and num_seqs <= 45 and mean_seq_len <= 2435 and max_seq_len <= 5365:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 30: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
-    if total_seq_len > 19483 and num_seqs <= 45 and mean_seq_len > 2435 and max_seq_len <= 5365:
-        return 'flashinfer_direct'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 19483 and num_seqs <= 49 and mean_seq_len <= 1722 and 5365 < max_seq_len <= 18958:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 32: 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill
-    if total_seq_len > 19483 and num_seqs <= 49 and mean_seq_len <= 1722 and max_seq_len > 18958:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p4'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 19483 and num_seqs <= 49 and 1722 < mean_seq_len <= 3444 and max_seq_len > 5365:
+    if 7643 < total_seq_len <= 13777 and num_seqs > 181 and mean_seq_len <= 1722 and 1081 < max_seq_len <= 7170:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 7643 < total_seq_len <= 19483 and num_seqs <= 1 and mean_seq_len > 1722 and 5365 < max_seq_len <= 9740:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if 7643 < total_seq_len <= 19483 and 1722 < mean_seq_len <= 13777 and max_seq_len > 9740:
         return 'cuda_prefill_cp.p4'
-    # region 34: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 19483 and num_seqs <= 49 and mean_seq_len > 3444 and max_seq_len > 5365:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 27554 and 45 < num_seqs <= 181 and max_seq_len <= 5365:
+    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 7643 < total_seq_len <= 19483 and mean_seq_len > 13777 and max_seq_len > 9740:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 1 workloads, 2.38x (2.38x .. 2.38x) over vllm_flashinfer_prefill
+    if 7643 < total_seq_len <= 19483 and num_seqs > 1 and mean_seq_len > 1722 and 5365 < max_seq_len <= 9740:
+        return 'cuda_prefill_cp.p4'
+    # region 33: 3 workloads, 3.03x (1.80x .. 4.07x) over vllm_flashinfer_prefill
+    if 7643 < total_seq_len <= 26285 and mean_seq_len > 1722 and max_seq_len <= 5365:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 34: 2 workloads, 1.70x (1.68x .. 1.71x) over vllm_flashinfer_prefill
+    if 7643 < total_seq_len <= 27554 and num_seqs > 121 and mean_seq_len <= 1722 and max_seq_len <= 1081:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 35: 2 workloads, 1.89x (1.68x .. 2.13x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs <= 90 and mean_seq_len <= 1722 and 7170 < max_seq_len <= 8168:
+        return ('cuda_prefill_cp.p4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
+    # region 36: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs <= 90 and mean_seq_len <= 1722 and max_seq_len > 8168:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 37: 6 workloads, 1.84x (1.38x .. 2.71x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs <= 121 and mean_seq_len <= 1722 and max_seq_len <= 1081:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 38: 2 workloads, 1.48x (1.35x .. 1.63x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs <= 181 and mean_seq_len <= 1722 and 1081 < max_seq_len <= 1780:
+        return 'flashinfer_direct'
+    # region 39: 3 workloads, 1.74x (1.41x .. 2.08x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs <= 181 and mean_seq_len <= 1722 and 1780 < max_seq_len <= 7170:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 40: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 7643 and 90 < num_seqs <= 181 and mean_seq_len <= 1722 and max_seq_len > 7170:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 36: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
-    if total_seq_len > 27554 and num_seqs > 181 and max_seq_len <= 5365:
+    # region 41: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs > 181 and mean_seq_len <= 1722 and max_seq_len > 7170:
+        return 'flashinfer_direct'
+    # region 42: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 13777 and num_seqs > 181 and mean_seq_len <= 1722 and 1081 < max_seq_len <= 7170:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 19483 and 1722 < mean_seq_len <= 3444 and max_seq_len > 5365:
+        return 'cuda_prefill_cp.p4'
+    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 19483 and mean_seq_len > 3444 and max_seq_len > 5365:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 45: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+    if total_seq_len > 26285 and mean_seq_len > 1722 and max_seq_len <= 5365:
+        return 'flashinfer_direct'
+    # region 46: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
+    if total_seq_len > 27554 and num_seqs > 121 and mean_seq_len <= 1722 and max_seq_len <= 1081:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 3444 and 4 < num_seqs <= 6 and mean_seq_len > 53 and 1794 < max_seq_len <= 2831:  # region 10
+    if total_seq_len <= 3444 and 4 < num_seqs <= 6 and mean_seq_len > 53 and 1794 < max_seq_len <= 2831:  # region 14
         return True
-    if total_seq_len <= 4871 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 2831 < max_seq_len <= 5362:  # region 17
+    if total_seq_len <= 4871 and 4 < num_seqs <= 11 and mean_seq_len > 53 and 2831 < max_seq_len <= 5362:  # region 23
         return True
     if total_seq_len <= 9741 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len > 5362:  # region 25
         return True
-    if total_seq_len > 1722 and num_seqs > 11 and 53 < mean_seq_len <= 73 and 181 < max_seq_len <= 441:  # region 36
+    if total_seq_len <= 9741 and num_seqs > 22 and 53 < mean_seq_len <= 75 and max_seq_len > 1433:  # region 27
         return True
-    if 2435 < total_seq_len <= 4871 and 2 < num_seqs <= 4 and mean_seq_len > 861 and max_seq_len > 2281:  # region 40
+    if total_seq_len <= 9741 and num_seqs > 22 and mean_seq_len > 75 and max_seq_len > 4844:  # region 29
         return True
-    if total_seq_len > 3444 and num_seqs > 11 and 53 < mean_seq_len <= 215 and max_seq_len > 5418:  # region 46
+    if total_seq_len > 1722 and num_seqs > 11 and 53 < mean_seq_len <= 73 and 181 < max_seq_len <= 441:  # region 38
         return True
-    if total_seq_len > 3444 and num_seqs > 11 and 215 < mean_seq_len <= 1505 and max_seq_len > 9728:  # region 48
+    if 2435 < total_seq_len <= 4871 and 2 < num_seqs <= 4 and mean_seq_len > 861 and max_seq_len > 2281:  # region 42
         return True
-    if 4871 < total_seq_len <= 6888 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 3022:  # region 50
+    if 4871 < total_seq_len <= 9741 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 3547:  # region 52
         return True
-    if 6888 < total_seq_len <= 9741 and 2 < num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 4399:  # region 60
+    if 9741 < total_seq_len <= 12815 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 5232:  # region 62
         return True
-    if 9741 < total_seq_len <= 12815 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 5232:  # region 65
+    if total_seq_len > 9741 and num_seqs > 22 and 53 < mean_seq_len <= 215 and max_seq_len > 5418:  # region 66
         return True
-    if total_seq_len > 12815 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 6444:  # region 68
+    if total_seq_len > 9741 and num_seqs > 22 and mean_seq_len > 215 and max_seq_len > 9728:  # region 68
+        return True
+    if total_seq_len > 12815 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 6444:  # region 69
         return True
     return False
