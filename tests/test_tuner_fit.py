@@ -948,6 +948,30 @@ def test_an_eager_choice_must_hold_on_a_host_faster_than_the_tunes():
     assert [r.variant for r in fitting.fit(table).regions] == ["B"]  # graph calls: the graph times
 
 
+def test_the_check_scores_eager_calls_on_a_faster_host_too():
+    """A router fitted as measured (`fast_host` 1) sends eager calls to A, whose kernel is 3x the
+    baseline's and its host part light: on the check store's host A is ahead (35 against 70 us), so
+    the eager score finds nothing slower; with every row's host part at the fit's `fast_host` (0.3)
+    A takes 31.5 against the baseline's 28 us, so the faster host's score counts every call slower
+    and B (26 us there) the best."""
+    times = {"flashinfer": (10.0, 60.0), "A": (30.0, 5.0), "B": (8.0, 60.0)}  # (graph, host) us
+    store = build_store(DECODE, decode_workloads(), lambda n, a: times[n][0])
+    for r in store.results(DECODE):
+        r.eager_us = sum(times[r.variant])
+        r.eager_p10_us, r.eager_p90_us = r.eager_us * 0.99, r.eager_us * 1.01
+        store.put(r)
+    table = fitting.load_table(store, DECODE, "sm90")
+    pol = fitting.fit(table, fitting.FitParams(fast_host=1.0))
+    assert [r.variant for r in pol.eager.regions] == ["A"]
+    pol.params = fitting.FitParams()  # scored with the default fast_host, 0.3
+    measured = fitting.measured_regret_of([(pol, table)], "eager")
+    fast = fitting.measured_regret_of([(pol, table)], "eager", fast_host=True)
+    n = len(table.uuids)
+    assert measured["slower_than_baseline"] == 0 and measured["speedup_vs_baseline"] == 2.0
+    assert fast["slower_than_baseline"] == n and fast["worst"]["routed_us"] == 31.5
+    assert fast["worst"]["baseline_us"] == 28.0 and fast["worst"]["best"] == "B"
+
+
 def test_guarded_baseline_refits_its_regions_for_ops_and_hands_them_back(tmp_path):
     """A guarded library baseline (rows: the engine's own call; metrics: the guarded call): where the
     baseline keeps a region, a variant that beats only the guarded call takes it for kdispatch.ops,
