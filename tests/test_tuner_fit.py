@@ -930,18 +930,24 @@ def test_eager_rows_taken_in_turns_are_compared_with_the_baseline_round_by_round
         assert [r.variant for r in pol.regions] == ["A"]  # graph calls: the graph times, as before
 
 
+def graph_and_host_table(times: dict) -> fitting.Table:
+    """Decode rows of the same times on every workload: times = {variant: (graph us, host us)}, the
+    eager time their sum."""
+    store = build_store(DECODE, decode_workloads(), lambda n, a: times[n][0])
+    for r in store.results(DECODE):
+        r.eager_us = sum(times[r.variant])
+        r.eager_p10_us, r.eager_p90_us = r.eager_us * 0.99, r.eager_us * 1.01
+        store.put(r)
+    return fitting.load_table(store, DECODE, "sm90")
+
+
 def test_an_eager_choice_must_hold_on_a_host_faster_than_the_tunes():
     """A's kernel is 3x the baseline's and its host part light: eagerly it is ahead on the tune's host
     (35 against 70 us), but with every host part at `fast_host` of the tune's it is behind (31.5
     against 28); B's kernel is faster than the baseline's, so B holds on any host and takes the eager
     calls, though slower than A on the tune's host. With `fast_host` 1 (the times as measured), A."""
     times = {"flashinfer": (10.0, 60.0), "A": (30.0, 5.0), "B": (8.0, 30.0)}  # (graph, host) us
-    store = build_store(DECODE, decode_workloads(), lambda n, a: times[n][0])
-    for r in store.results(DECODE):
-        r.eager_us = sum(times[r.variant])
-        r.eager_p10_us, r.eager_p90_us = r.eager_us * 0.99, r.eager_us * 1.01
-        store.put(r)
-    table = fitting.load_table(store, DECODE, "sm90")
+    table = graph_and_host_table(times)
     assert [r.variant for r in fitting.fit(table).eager.regions] == ["B"]
     as_measured = fitting.FitParams(fast_host=1.0)
     assert [r.variant for r in fitting.fit(table, as_measured).eager.regions] == ["A"]
@@ -955,12 +961,7 @@ def test_the_check_scores_eager_calls_on_a_faster_host_too():
     A takes 31.5 against the baseline's 28 us, so the faster host's score counts every call slower
     and B (26 us there) the best."""
     times = {"flashinfer": (10.0, 60.0), "A": (30.0, 5.0), "B": (8.0, 60.0)}  # (graph, host) us
-    store = build_store(DECODE, decode_workloads(), lambda n, a: times[n][0])
-    for r in store.results(DECODE):
-        r.eager_us = sum(times[r.variant])
-        r.eager_p10_us, r.eager_p90_us = r.eager_us * 0.99, r.eager_us * 1.01
-        store.put(r)
-    table = fitting.load_table(store, DECODE, "sm90")
+    table = graph_and_host_table(times)
     pol = fitting.fit(table, fitting.FitParams(fast_host=1.0))
     assert [r.variant for r in pol.eager.regions] == ["A"]
     pol.params = fitting.FitParams()  # scored with the default fast_host, 0.3
