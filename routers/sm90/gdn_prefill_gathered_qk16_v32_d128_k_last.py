@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-03T15:07:11Z
+# measured    up to 2026-12-03T18:07:44Z
 # workloads   156 (workload-set digest cb40fe76b93c6450)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -44,8 +44,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 3.41% mean, 55.36% max;
 #             1.196x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.82% mean, 70.82% max;
-#             2.027x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.11% mean, 36.39% max;
+#             1.650x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 23 and num_seqs > 3 and mean_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.53x (1.12x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   2. total_seq_len <= 45 and num_seqs <= 3 and mean_seq_len <= 619: triton_prefill_fused.c16v32, 4 workloads, 5.54x (4.82x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64
@@ -61,13 +61,17 @@
 #   12. total_seq_len > 559 and num_seqs > 3 and mean_seq_len > 29: vllm_flashinfer_prefill (baseline), 53 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
 #   13. total_seq_len > 2834 and num_seqs <= 3 and mean_seq_len > 619: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 106 and mean_seq_len > 7: cuda_prefill_pool_rows.k8c8, 12 workloads, 5.24x (2.68x .. 12.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 669 and mean_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 25 workloads, 2.96x (1.74x .. 9.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64
-#   3. 106 < total_seq_len <= 143 and mean_seq_len > 7: triton_prefill_fused.c16v64, 10 workloads, 2.36x (1.42x .. 4.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. 143 < total_seq_len <= 3821 and mean_seq_len > 7: cuda_prefill_staged.r64s4, 77 workloads, 2.45x (1.12x .. 5.77x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   5. 669 < total_seq_len <= 3821 and mean_seq_len <= 7: cuda_prefill_staged.r64s4, 4 workloads, 1.84x (1.71x .. 2.05x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len > 3821 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len > 3821 and num_seqs > 2: flashinfer_direct, 24 workloads, 1.38x (1.12x .. 1.62x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 75 and num_seqs <= 11: cuda_prefill_pool_rows.k4c8, 22 workloads, 3.59x (1.91x .. 8.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64
+#   2. total_seq_len <= 213 and num_seqs > 11: cuda_prefill_pool_rows.k2c8, 10 workloads, 2.24x (1.80x .. 2.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   3. 75 < total_seq_len <= 1920 and num_seqs <= 11: cuda_prefill_staged.r64s4, 40 workloads, 2.27x (1.64x .. 4.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. 213 < total_seq_len <= 1920 and num_seqs > 11: cuda_prefill_staged.r64s4, 33 workloads, 1.76x (1.47x .. 1.99x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   5. 1920 < total_seq_len <= 4096 and num_seqs > 56: cuda_prefill_staged.r64s4, 6 workloads, 1.60x (1.41x .. 1.70x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   6. 1920 < total_seq_len <= 5792 and num_seqs <= 20: cuda_prefill_staged.r64s4, 15 workloads, 1.64x (1.40x .. 2.40x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. 1920 < total_seq_len <= 7968 and 20 < num_seqs <= 56: flashinfer_direct, 5 workloads, 1.35x (1.21x .. 1.55x) over vllm_flashinfer_prefill
+#   8. total_seq_len > 4096 and 56 < num_seqs <= 160: flashinfer_direct, 4 workloads, 1.19x (1.11x .. 1.24x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 4096 and num_seqs > 160: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   10. total_seq_len > 7968 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len > 7968 and 2 < num_seqs <= 56: flashinfer_direct, 14 workloads, 1.24x (1.11x .. 1.44x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -87,13 +91,17 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (7, None), 'total_seq_len': (None, 106)}, 'workloads': 12, 'speedup': (2.68, 5.24, 12.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 7), 'total_seq_len': (None, 669)}, 'workloads': 25, 'speedup': (1.74, 2.96, 9.79), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (7, None), 'total_seq_len': (106, 143)}, 'workloads': 10, 'speedup': (1.42, 2.36, 4.16), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (7, None), 'total_seq_len': (143, 3821)}, 'workloads': 77, 'speedup': (1.12, 2.45, 5.77), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 7), 'total_seq_len': (669, 3821)}, 'workloads': 4, 'speedup': (1.71, 1.84, 2.05), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (3821, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (2, None), 'total_seq_len': (3821, None)}, 'workloads': 24, 'speedup': (1.12, 1.38, 1.62), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (None, 75)}, 'workloads': 22, 'speedup': (1.91, 3.59, 8.53), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (11, None), 'total_seq_len': (None, 213)}, 'workloads': 10, 'speedup': (1.8, 2.24, 2.72), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (75, 1920)}, 'workloads': 40, 'speedup': (1.64, 2.27, 4.43), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (11, None), 'total_seq_len': (213, 1920)}, 'workloads': 33, 'speedup': (1.47, 1.76, 1.99), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (56, None), 'total_seq_len': (1920, 4096)}, 'workloads': 6, 'speedup': (1.41, 1.6, 1.7), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 20), 'total_seq_len': (1920, 5792)}, 'workloads': 15, 'speedup': (1.4, 1.64, 2.4), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (20, 56), 'total_seq_len': (1920, 7968)}, 'workloads': 5, 'speedup': (1.21, 1.35, 1.55), 'fallbacks': ()},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (56, 160), 'total_seq_len': (4096, None)}, 'workloads': 4, 'speedup': (1.11, 1.19, 1.24), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (160, None), 'total_seq_len': (4096, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (7968, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (2, 56), 'total_seq_len': (7968, None)}, 'workloads': 14, 'speedup': (1.11, 1.24, 1.44), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -147,26 +155,38 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 5.24x (2.68x .. 12.47x) over vllm_flashinfer_prefill
-    if total_seq_len <= 106 and mean_seq_len > 7:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 25 workloads, 2.96x (1.74x .. 9.79x) over vllm_flashinfer_prefill
-    if total_seq_len <= 669 and mean_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 10 workloads, 2.36x (1.42x .. 4.16x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 143 and mean_seq_len > 7:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 4: 77 workloads, 2.45x (1.12x .. 5.77x) over vllm_flashinfer_prefill
-    if 143 < total_seq_len <= 3821 and mean_seq_len > 7:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 4 workloads, 1.84x (1.71x .. 2.05x) over vllm_flashinfer_prefill
-    if 669 < total_seq_len <= 3821 and mean_seq_len <= 7:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3821 and num_seqs <= 2:
+    # region 1: 22 workloads, 3.59x (1.91x .. 8.53x) over vllm_flashinfer_prefill
+    if total_seq_len <= 75 and num_seqs <= 11:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 10 workloads, 2.24x (1.80x .. 2.72x) over vllm_flashinfer_prefill
+    if total_seq_len <= 213 and num_seqs > 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 40 workloads, 2.27x (1.64x .. 4.43x) over vllm_flashinfer_prefill
+    if 75 < total_seq_len <= 1920 and num_seqs <= 11:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 4: 33 workloads, 1.76x (1.47x .. 1.99x) over vllm_flashinfer_prefill
+    if 213 < total_seq_len <= 1920 and num_seqs > 11:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 5: 6 workloads, 1.60x (1.41x .. 1.70x) over vllm_flashinfer_prefill
+    if 1920 < total_seq_len <= 4096 and num_seqs > 56:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 15 workloads, 1.64x (1.40x .. 2.40x) over vllm_flashinfer_prefill
+    if 1920 < total_seq_len <= 5792 and num_seqs <= 20:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 5 workloads, 1.35x (1.21x .. 1.55x) over vllm_flashinfer_prefill
+    if 1920 < total_seq_len <= 7968 and 20 < num_seqs <= 56:
+        return 'flashinfer_direct'
+    # region 8: 4 workloads, 1.19x (1.11x .. 1.24x) over vllm_flashinfer_prefill
+    if total_seq_len > 4096 and 56 < num_seqs <= 160:
+        return 'flashinfer_direct'
+    # region 9: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4096 and num_seqs > 160:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7968 and num_seqs <= 2:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 24 workloads, 1.38x (1.12x .. 1.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 3821 and num_seqs > 2:
+    # region 11: 14 workloads, 1.24x (1.11x .. 1.44x) over vllm_flashinfer_prefill
+    if total_seq_len > 7968 and 2 < num_seqs <= 56:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -178,8 +198,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 2.53% mean, 40.83% max;
 #             1.211x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.70% mean, 70.82% max;
-#             2.079x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.31% mean, 19.25% max;
+#             1.694x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 304 and mean_seq_len <= 1 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 1 workloads, 7.70x (7.70x .. 7.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
 #   2. total_seq_len <= 304 and mean_seq_len <= 1 and 10 < max_seq_len <= 898: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v64
@@ -222,35 +242,40 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   39. total_seq_len > 2982 and num_seqs <= 3 and mean_seq_len > 1491: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   40. total_seq_len > 6888 and mean_seq_len <= 37 and 1455 < max_seq_len <= 2314: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 48 and num_seqs <= 5: cuda_prefill_pool_rows.k8c8, 10 workloads, 5.51x (3.07x .. 12.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 48 and num_seqs > 5 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.80x (3.19x .. 4.17x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 48 and num_seqs > 5 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 3 workloads, 3.15x (2.82x .. 3.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   4. 48 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.59x (2.36x .. 2.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   5. 48 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len > 12: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.36x (2.36x .. 2.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   6. 48 < total_seq_len <= 150 and mean_seq_len > 2 and max_seq_len <= 57: cuda_prefill_pool_rows.k2c8, 12 workloads, 3.25x (1.75x .. 4.37x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64
-#   7. 48 < total_seq_len <= 150 and mean_seq_len > 2 and max_seq_len > 57: cuda_prefill_staged.r64s4, 8 workloads, 3.06x (1.13x .. 8.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   8. 150 < total_seq_len <= 319 and mean_seq_len <= 6 and max_seq_len <= 58: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.26x (2.06x .. 2.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. 150 < total_seq_len <= 319 and mean_seq_len <= 6 and max_seq_len > 58: cuda_prefill_staged.r64s4, 1 workloads, 2.08x (2.08x .. 2.08x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   10. 150 < total_seq_len <= 319 and mean_seq_len > 6: cuda_prefill_staged.r64s4, 14 workloads, 2.47x (1.12x .. 5.68x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   11. 319 < total_seq_len <= 559 and mean_seq_len <= 3 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.38x (2.29x .. 2.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. 319 < total_seq_len <= 559 and mean_seq_len <= 3 and 45 < max_seq_len <= 4095: cuda_prefill_staged.r64s4, 1 workloads, 1.90x (1.90x .. 1.90x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. 319 < total_seq_len <= 4871 and max_seq_len > 4095: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   14. 319 < total_seq_len <= 7968 and mean_seq_len > 3 and max_seq_len <= 4095: cuda_prefill_staged.r64s4, 69 workloads, 2.39x (1.50x .. 5.77x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   15. 559 < total_seq_len <= 7968 and mean_seq_len <= 3 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.35x (2.35x .. 2.35x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. 559 < total_seq_len <= 7968 and mean_seq_len <= 3 and 11 < max_seq_len <= 4095: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
-#   17. 4871 < total_seq_len <= 7968 and max_seq_len > 4095: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 7968 < total_seq_len <= 13777 and num_seqs <= 22 and mean_seq_len <= 6888 and max_seq_len > 3702: cuda_prefill_staged.r64s4, 4 workloads, 1.94x (1.72x .. 2.21x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   19. 7968 < total_seq_len <= 13777 and num_seqs <= 45 and mean_seq_len <= 6888 and 810 < max_seq_len <= 3702: flashinfer_direct, 5 workloads, 1.51x (1.26x .. 1.62x) over vllm_flashinfer_prefill
-#   20. 7968 < total_seq_len <= 13777 and num_seqs > 22 and mean_seq_len <= 6888 and max_seq_len > 3702: flashinfer_direct, 4 workloads, 1.22x (1.15x .. 1.39x) over vllm_flashinfer_prefill
-#   21. 7968 < total_seq_len <= 13777 and num_seqs > 45 and mean_seq_len <= 6888 and 810 < max_seq_len <= 3702: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off
-#   22. 7968 < total_seq_len <= 17695 and mean_seq_len <= 6888 and 107 < max_seq_len <= 810: cuda_prefill_staged.r64s4, 5 workloads, 1.64x (1.46x .. 1.99x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   23. total_seq_len > 7968 and mean_seq_len <= 6888 and max_seq_len <= 107: cuda_prefill_staged.r64s4, 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   24. total_seq_len > 7968 and mean_seq_len > 6888: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   25. total_seq_len > 13777 and mean_seq_len <= 1722 and 810 < max_seq_len <= 23146: flashinfer_direct, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
-#   26. total_seq_len > 13777 and mean_seq_len <= 1722 and max_seq_len > 23146: vllm_flashinfer_prefill (baseline), 0 workloads
-#   27. total_seq_len > 13777 and 1722 < mean_seq_len <= 6888 and 810 < max_seq_len <= 16378: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   28. total_seq_len > 13777 and 1722 < mean_seq_len <= 6888 and max_seq_len > 16378: vllm_flashinfer_prefill (baseline), 0 workloads
-#   29. total_seq_len > 17695 and mean_seq_len <= 6888 and 107 < max_seq_len <= 810: flashinfer_direct, 2 workloads, 1.18x (1.12x .. 1.24x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 13 and mean_seq_len > 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 37 and 6 < max_seq_len <= 27: cuda_prefill_pool_rows.k4c8, 8 workloads, 4.08x (2.68x .. 8.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   3. total_seq_len <= 37 and 27 < max_seq_len <= 57: cuda_prefill_pool_rows.k8c8, 2 workloads, 4.50x (3.13x .. 6.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 89 and num_seqs <= 1 and max_seq_len > 57: cuda_prefill_pool_rows.k8c8, 1 workloads, 4.80x (4.80x .. 4.80x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 89 and num_seqs > 1 and max_seq_len > 57: cuda_prefill_staged.r32s4, 2 workloads, 2.77x (1.89x .. 4.07x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 304 and num_seqs <= 5 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 7.81x (7.81x .. 7.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 304 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.04x (2.34x .. 3.58x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   8. 13 < total_seq_len <= 304 and mean_seq_len > 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.71x (2.16x .. 3.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   9. 37 < total_seq_len <= 89 and 16 < max_seq_len <= 39: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.45x (2.34x .. 2.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   10. 37 < total_seq_len <= 89 and 39 < max_seq_len <= 57: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.01x (2.01x .. 2.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   11. 37 < total_seq_len <= 304 and 6 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.38x (1.81x .. 3.29x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   12. 89 < total_seq_len <= 1920 and max_seq_len > 16: cuda_prefill_staged.r64s4, 63 workloads, 2.05x (1.47x .. 4.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   13. 304 < total_seq_len <= 1920 and mean_seq_len <= 3 and max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.77x (1.76x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
+#   14. 304 < total_seq_len <= 1920 and mean_seq_len > 3 and max_seq_len <= 16: cuda_prefill_staged.r64s4, 5 workloads, 1.75x (1.65x .. 1.91x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64
+#   15. 1920 < total_seq_len <= 4464 and num_seqs <= 22 and mean_seq_len <= 2982: cuda_prefill_staged.r64s4, 13 workloads, 1.62x (1.40x .. 2.40x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. 1920 < total_seq_len <= 4464 and 22 < num_seqs <= 48 and mean_seq_len <= 2982 and max_seq_len <= 1357: cuda_prefill_staged.r64s4, 2 workloads, 1.66x (1.58x .. 1.74x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r32s4
+#   17. 1920 < total_seq_len <= 4464 and 22 < num_seqs <= 48 and mean_seq_len <= 2982 and max_seq_len > 1357: flashinfer_direct, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   18. 1920 < total_seq_len <= 6888 and num_seqs > 48 and mean_seq_len <= 37: cuda_prefill_staged.r64s4, 6 workloads, 1.60x (1.41x .. 1.70x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   19. 1920 < total_seq_len <= 13777 and num_seqs <= 48 and mean_seq_len > 2982 and max_seq_len <= 8191: cuda_prefill_staged.r32s4, 2 workloads, 1.81x (1.70x .. 1.93x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   20. 1920 < total_seq_len <= 13777 and num_seqs <= 48 and mean_seq_len > 2982 and max_seq_len > 8191: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   21. 1920 < total_seq_len <= 17695 and num_seqs > 48 and 37 < mean_seq_len <= 107 and max_seq_len <= 431: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   22. 1920 < total_seq_len <= 17695 and num_seqs > 48 and mean_seq_len > 107 and max_seq_len <= 431: flashinfer_direct, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+#   23. 1920 < total_seq_len <= 19483 and num_seqs > 181 and mean_seq_len > 37 and max_seq_len > 431: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   24. total_seq_len > 1920 and 48 < num_seqs <= 181 and mean_seq_len > 37 and 431 < max_seq_len <= 19430: flashinfer_direct, 3 workloads, 1.19x (1.17x .. 1.21x) over vllm_flashinfer_prefill
+#   25. total_seq_len > 1920 and 48 < num_seqs <= 181 and mean_seq_len > 37 and max_seq_len > 19430: vllm_flashinfer_prefill (baseline), 0 workloads
+#   26. total_seq_len > 4464 and num_seqs <= 48 and mean_seq_len <= 1722 and max_seq_len <= 16360: flashinfer_direct, 12 workloads, 1.25x (1.11x .. 1.44x) over vllm_flashinfer_prefill
+#   27. total_seq_len > 4464 and num_seqs <= 48 and mean_seq_len <= 1722 and max_seq_len > 16360: vllm_flashinfer_prefill (baseline), 0 workloads
+#   28. total_seq_len > 4464 and num_seqs <= 48 and 1722 < mean_seq_len <= 2982 and max_seq_len <= 8190: flashinfer_direct, 3 workloads, 1.25x (1.17x .. 1.32x) over vllm_flashinfer_prefill
+#   29. total_seq_len > 4464 and num_seqs <= 48 and 1722 < mean_seq_len <= 2982 and max_seq_len > 8190: vllm_flashinfer_prefill (baseline), 0 workloads
+#   30. total_seq_len > 6888 and num_seqs > 48 and mean_seq_len <= 37 and max_seq_len <= 1448: cuda_prefill_staged.r64s4, 2 workloads, 1.35x (1.34x .. 1.36x) over vllm_flashinfer_prefill
+#   31. total_seq_len > 6888 and num_seqs > 48 and mean_seq_len <= 37 and max_seq_len > 1448: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   32. total_seq_len > 13777 and num_seqs <= 48 and mean_seq_len > 2982: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   33. total_seq_len > 17695 and num_seqs > 48 and mean_seq_len > 37 and max_seq_len <= 431: flashinfer_direct, 2 workloads, 1.09x (1.08x .. 1.11x) over vllm_flashinfer_prefill
+#   34. total_seq_len > 19483 and num_seqs > 181 and mean_seq_len > 37 and max_seq_len > 431: vllm_flashinfer_prefill (baseline), 0 workloads
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 1), 'total_seq_len': (None, 304)}, 'workloads': 1, 'speedup': (7.7, 7.7, 7.7), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
@@ -296,35 +321,40 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (None, 48)}, 'workloads': 10, 'speedup': (3.07, 5.51, 12.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, None), 'total_seq_len': (None, 48)}, 'workloads': 3, 'speedup': (3.19, 3.8, 4.17), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'num_seqs': (5, None), 'total_seq_len': (None, 48)}, 'workloads': 3, 'speedup': (2.82, 3.15, 3.41), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 2), 'total_seq_len': (48, 150)}, 'workloads': 2, 'speedup': (2.36, 2.59, 2.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, None), 'mean_seq_len': (None, 2), 'total_seq_len': (48, 150)}, 'workloads': 1, 'speedup': (2.36, 2.36, 2.36), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 57), 'mean_seq_len': (2, None), 'total_seq_len': (48, 150)}, 'workloads': 12, 'speedup': (1.75, 3.25, 4.37), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (57, None), 'mean_seq_len': (2, None), 'total_seq_len': (48, 150)}, 'workloads': 8, 'speedup': (1.13, 3.06, 8.62), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 58), 'mean_seq_len': (None, 6), 'total_seq_len': (150, 319)}, 'workloads': 3, 'speedup': (2.06, 2.26, 2.39), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (58, None), 'mean_seq_len': (None, 6), 'total_seq_len': (150, 319)}, 'workloads': 1, 'speedup': (2.08, 2.08, 2.08), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (6, None), 'total_seq_len': (150, 319)}, 'workloads': 14, 'speedup': (1.12, 2.47, 5.68), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (None, 3), 'total_seq_len': (319, 559)}, 'workloads': 2, 'speedup': (2.29, 2.38, 2.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, 4095), 'mean_seq_len': (None, 3), 'total_seq_len': (319, 559)}, 'workloads': 1, 'speedup': (1.9, 1.9, 1.9), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4095, None), 'total_seq_len': (319, 4871)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4095), 'mean_seq_len': (3, None), 'total_seq_len': (319, 7968)}, 'workloads': 69, 'speedup': (1.5, 2.39, 5.77), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 3), 'total_seq_len': (559, 7968)}, 'workloads': 1, 'speedup': (2.35, 2.35, 2.35), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 4095), 'mean_seq_len': (None, 3), 'total_seq_len': (559, 7968)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4095, None), 'total_seq_len': (4871, 7968)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (3702, None), 'mean_seq_len': (None, 6888), 'num_seqs': (None, 22), 'total_seq_len': (7968, 13777)}, 'workloads': 4, 'speedup': (1.72, 1.94, 2.21), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (810, 3702), 'mean_seq_len': (None, 6888), 'num_seqs': (None, 45), 'total_seq_len': (7968, 13777)}, 'workloads': 5, 'speedup': (1.26, 1.51, 1.62), 'fallbacks': ()},
-    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (3702, None), 'mean_seq_len': (None, 6888), 'num_seqs': (22, None), 'total_seq_len': (7968, 13777)}, 'workloads': 4, 'speedup': (1.15, 1.22, 1.39), 'fallbacks': ()},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (810, 3702), 'mean_seq_len': (None, 6888), 'num_seqs': (45, None), 'total_seq_len': (7968, 13777)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (107, 810), 'mean_seq_len': (None, 6888), 'total_seq_len': (7968, 17695)}, 'workloads': 5, 'speedup': (1.46, 1.64, 1.99), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 107), 'mean_seq_len': (None, 6888), 'total_seq_len': (7968, None)}, 'workloads': 1, 'speedup': (1.75, 1.75, 1.75), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6888, None), 'total_seq_len': (7968, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (810, 23146), 'mean_seq_len': (None, 1722), 'total_seq_len': (13777, None)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23146, None), 'mean_seq_len': (None, 1722), 'total_seq_len': (13777, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (810, 16378), 'mean_seq_len': (1722, 6888), 'total_seq_len': (13777, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16378, None), 'mean_seq_len': (1722, 6888), 'total_seq_len': (13777, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (107, 810), 'mean_seq_len': (None, 6888), 'total_seq_len': (17695, None)}, 'workloads': 2, 'speedup': (1.12, 1.18, 1.24), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (2, None), 'total_seq_len': (None, 13)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 27), 'total_seq_len': (None, 37)}, 'workloads': 8, 'speedup': (2.68, 4.08, 8.53), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (27, 57), 'total_seq_len': (None, 37)}, 'workloads': 2, 'speedup': (3.13, 4.5, 6.46), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (57, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 89)}, 'workloads': 1, 'speedup': (4.8, 4.8, 4.8), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (57, None), 'num_seqs': (1, None), 'total_seq_len': (None, 89)}, 'workloads': 2, 'speedup': (1.89, 2.77, 4.07), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (None, 5), 'total_seq_len': (None, 304)}, 'workloads': 1, 'speedup': (7.81, 7.81, 7.81), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 304)}, 'workloads': 3, 'speedup': (2.34, 3.04, 3.58), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (2, None), 'total_seq_len': (13, 304)}, 'workloads': 6, 'speedup': (2.16, 2.71, 3.2), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, 39), 'total_seq_len': (37, 89)}, 'workloads': 2, 'speedup': (2.34, 2.45, 2.57), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (39, 57), 'total_seq_len': (37, 89)}, 'workloads': 1, 'speedup': (2.01, 2.01, 2.01), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (6, 16), 'total_seq_len': (37, 304)}, 'workloads': 8, 'speedup': (1.81, 2.38, 3.29), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, None), 'total_seq_len': (89, 1920)}, 'workloads': 63, 'speedup': (1.47, 2.05, 4.43), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 3), 'total_seq_len': (304, 1920)}, 'workloads': 3, 'speedup': (1.76, 1.77, 1.8), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (3, None), 'total_seq_len': (304, 1920)}, 'workloads': 5, 'speedup': (1.65, 1.75, 1.91), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 2982), 'num_seqs': (None, 22), 'total_seq_len': (1920, 4464)}, 'workloads': 13, 'speedup': (1.4, 1.62, 2.4), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1357), 'mean_seq_len': (None, 2982), 'num_seqs': (22, 48), 'total_seq_len': (1920, 4464)}, 'workloads': 2, 'speedup': (1.58, 1.66, 1.74), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r32s4')},
+    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1357, None), 'mean_seq_len': (None, 2982), 'num_seqs': (22, 48), 'total_seq_len': (1920, 4464)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 37), 'num_seqs': (48, None), 'total_seq_len': (1920, 6888)}, 'workloads': 6, 'speedup': (1.41, 1.6, 1.7), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 8191), 'mean_seq_len': (2982, None), 'num_seqs': (None, 48), 'total_seq_len': (1920, 13777)}, 'workloads': 2, 'speedup': (1.7, 1.81, 1.93), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8191, None), 'mean_seq_len': (2982, None), 'num_seqs': (None, 48), 'total_seq_len': (1920, 13777)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 431), 'mean_seq_len': (37, 107), 'num_seqs': (48, None), 'total_seq_len': (1920, 17695)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 431), 'mean_seq_len': (107, None), 'num_seqs': (48, None), 'total_seq_len': (1920, 17695)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ()},
+    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (431, None), 'mean_seq_len': (37, None), 'num_seqs': (181, None), 'total_seq_len': (1920, 19483)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (431, 19430), 'mean_seq_len': (37, None), 'num_seqs': (48, 181), 'total_seq_len': (1920, None)}, 'workloads': 3, 'speedup': (1.17, 1.19, 1.21), 'fallbacks': ()},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (19430, None), 'mean_seq_len': (37, None), 'num_seqs': (48, 181), 'total_seq_len': (1920, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 16360), 'mean_seq_len': (None, 1722), 'num_seqs': (None, 48), 'total_seq_len': (4464, None)}, 'workloads': 12, 'speedup': (1.11, 1.25, 1.44), 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16360, None), 'mean_seq_len': (None, 1722), 'num_seqs': (None, 48), 'total_seq_len': (4464, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 8190), 'mean_seq_len': (1722, 2982), 'num_seqs': (None, 48), 'total_seq_len': (4464, None)}, 'workloads': 3, 'speedup': (1.17, 1.25, 1.32), 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8190, None), 'mean_seq_len': (1722, 2982), 'num_seqs': (None, 48), 'total_seq_len': (4464, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1448), 'mean_seq_len': (None, 37), 'num_seqs': (48, None), 'total_seq_len': (6888, None)}, 'workloads': 2, 'speedup': (1.34, 1.35, 1.36), 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1448, None), 'mean_seq_len': (None, 37), 'num_seqs': (48, None), 'total_seq_len': (6888, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2982, None), 'num_seqs': (None, 48), 'total_seq_len': (13777, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 431), 'mean_seq_len': (37, None), 'num_seqs': (48, None), 'total_seq_len': (17695, None)}, 'workloads': 2, 'speedup': (1.08, 1.09, 1.11), 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (431, None), 'mean_seq_len': (37, None), 'num_seqs': (181, None), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -450,86 +480,95 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 10 workloads, 5.51x (3.07x .. 12.47x) over vllm_flashinfer_prefill
-    if total_seq_len <= 48 and num_seqs <= 5:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 3 workloads, 3.80x (3.19x .. 4.17x) over vllm_flashinfer_prefill
-    if total_seq_len <= 48 and num_seqs > 5 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 3 workloads, 3.15x (2.82x .. 3.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 48 and num_seqs > 5 and max_seq_len > 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 2 workloads, 2.59x (2.36x .. 2.83x) over vllm_flashinfer_prefill
-    if 48 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 1 workloads, 2.36x (2.36x .. 2.36x) over vllm_flashinfer_prefill
-    if 48 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len > 12:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 12 workloads, 3.25x (1.75x .. 4.37x) over vllm_flashinfer_prefill
-    if 48 < total_seq_len <= 150 and mean_seq_len > 2 and max_seq_len <= 57:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 8 workloads, 3.06x (1.13x .. 8.62x) over vllm_flashinfer_prefill
-    if 48 < total_seq_len <= 150 and mean_seq_len > 2 and max_seq_len > 57:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 3 workloads, 2.26x (2.06x .. 2.39x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 319 and mean_seq_len <= 6 and max_seq_len <= 58:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 1 workloads, 2.08x (2.08x .. 2.08x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 319 and mean_seq_len <= 6 and max_seq_len > 58:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 14 workloads, 2.47x (1.12x .. 5.68x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 319 and mean_seq_len > 6:
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 13 and mean_seq_len > 2 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 8 workloads, 4.08x (2.68x .. 8.53x) over vllm_flashinfer_prefill
+    if total_seq_len <= 37 and 6 < max_seq_len <= 27:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 2 workloads, 4.50x (3.13x .. 6.46x) over vllm_flashinfer_prefill
+    if total_seq_len <= 37 and 27 < max_seq_len <= 57:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 1 workloads, 4.80x (4.80x .. 4.80x) over vllm_flashinfer_prefill
+    if total_seq_len <= 89 and num_seqs <= 1 and max_seq_len > 57:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 2 workloads, 2.77x (1.89x .. 4.07x) over vllm_flashinfer_prefill
+    if total_seq_len <= 89 and num_seqs > 1 and max_seq_len > 57:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 1 workloads, 7.81x (7.81x .. 7.81x) over vllm_flashinfer_prefill
+    if total_seq_len <= 304 and num_seqs <= 5 and mean_seq_len <= 2 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 3 workloads, 3.04x (2.34x .. 3.58x) over vllm_flashinfer_prefill
+    if total_seq_len <= 304 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 6 workloads, 2.71x (2.16x .. 3.20x) over vllm_flashinfer_prefill
+    if 13 < total_seq_len <= 304 and mean_seq_len > 2 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 2 workloads, 2.45x (2.34x .. 2.57x) over vllm_flashinfer_prefill
+    if 37 < total_seq_len <= 89 and 16 < max_seq_len <= 39:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 10: 1 workloads, 2.01x (2.01x .. 2.01x) over vllm_flashinfer_prefill
+    if 37 < total_seq_len <= 89 and 39 < max_seq_len <= 57:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 11: 8 workloads, 2.38x (1.81x .. 3.29x) over vllm_flashinfer_prefill
+    if 37 < total_seq_len <= 304 and 6 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 63 workloads, 2.05x (1.47x .. 4.43x) over vllm_flashinfer_prefill
+    if 89 < total_seq_len <= 1920 and max_seq_len > 16:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 2 workloads, 2.38x (2.29x .. 2.48x) over vllm_flashinfer_prefill
-    if 319 < total_seq_len <= 559 and mean_seq_len <= 3 and max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 1 workloads, 1.90x (1.90x .. 1.90x) over vllm_flashinfer_prefill
-    if 319 < total_seq_len <= 559 and mean_seq_len <= 3 and 45 < max_seq_len <= 4095:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 319 < total_seq_len <= 4871 and max_seq_len > 4095:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 69 workloads, 2.39x (1.50x .. 5.77x) over vllm_flashinfer_prefill
-    if 319 < total_seq_len <= 7968 and mean_seq_len > 3 and max_seq_len <= 4095:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 1 workloads, 2.35x (2.35x .. 2.35x) over vllm_flashinfer_prefill
-    if 559 < total_seq_len <= 7968 and mean_seq_len <= 3 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if 559 < total_seq_len <= 7968 and mean_seq_len <= 3 and 11 < max_seq_len <= 4095:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if 4871 < total_seq_len <= 7968 and max_seq_len > 4095:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 4 workloads, 1.94x (1.72x .. 2.21x) over vllm_flashinfer_prefill
-    if 7968 < total_seq_len <= 13777 and num_seqs <= 22 and mean_seq_len <= 6888 and max_seq_len > 3702:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 5 workloads, 1.51x (1.26x .. 1.62x) over vllm_flashinfer_prefill
-    if 7968 < total_seq_len <= 13777 and num_seqs <= 45 and mean_seq_len <= 6888 and 810 < max_seq_len <= 3702:
-        return 'flashinfer_direct'
-    # region 20: 4 workloads, 1.22x (1.15x .. 1.39x) over vllm_flashinfer_prefill
-    if 7968 < total_seq_len <= 13777 and num_seqs > 22 and mean_seq_len <= 6888 and max_seq_len > 3702:
-        return 'flashinfer_direct'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if 7968 < total_seq_len <= 13777 and num_seqs > 45 and mean_seq_len <= 6888 and 810 < max_seq_len <= 3702:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 5 workloads, 1.64x (1.46x .. 1.99x) over vllm_flashinfer_prefill
-    if 7968 < total_seq_len <= 17695 and mean_seq_len <= 6888 and 107 < max_seq_len <= 810:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill
-    if total_seq_len > 7968 and mean_seq_len <= 6888 and max_seq_len <= 107:
+    # region 13: 3 workloads, 1.77x (1.76x .. 1.80x) over vllm_flashinfer_prefill
+    if 304 < total_seq_len <= 1920 and mean_seq_len <= 3 and max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 5 workloads, 1.75x (1.65x .. 1.91x) over vllm_flashinfer_prefill
+    if 304 < total_seq_len <= 1920 and mean_seq_len > 3 and max_seq_len <= 16:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 15: 13 workloads, 1.62x (1.40x .. 2.40x) over vllm_flashinfer_prefill
+    if 1920 < total_seq_len <= 4464 and num_seqs <= 22 and mean_seq_len <= 2982:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7968 and mean_seq_len > 6888:
+    # region 16: 2 workloads, 1.66x (1.58x .. 1.74x) over vllm_flashinfer_prefill
+    if 1920 < total_seq_len <= 4464 and 22 < num_seqs <= 48 and mean_seq_len <= 2982 and max_seq_len <= 1357:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill
+    if 1920 < total_seq_len <= 4464 and 22 < num_seqs <= 48 and mean_seq_len <= 2982 and max_seq_len > 1357:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 18: 6 workloads, 1.60x (1.41x .. 1.70x) over vllm_flashinfer_prefill
+    if 1920 < total_seq_len <= 6888 and num_seqs > 48 and mean_seq_len <= 37:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 2 workloads, 1.81x (1.70x .. 1.93x) over vllm_flashinfer_prefill
+    if 1920 < total_seq_len <= 13777 and num_seqs <= 48 and mean_seq_len > 2982 and max_seq_len <= 8191:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 20: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 1920 < total_seq_len <= 13777 and num_seqs <= 48 and mean_seq_len > 2982 and max_seq_len > 8191:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if 1920 < total_seq_len <= 17695 and num_seqs > 48 and 37 < mean_seq_len <= 107 and max_seq_len <= 431:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+    if 1920 < total_seq_len <= 17695 and num_seqs > 48 and mean_seq_len > 107 and max_seq_len <= 431:
+        return 'flashinfer_direct'
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if 1920 < total_seq_len <= 19483 and num_seqs > 181 and mean_seq_len > 37 and max_seq_len > 431:
+        return 'flashinfer_direct'
+    # region 24: 3 workloads, 1.19x (1.17x .. 1.21x) over vllm_flashinfer_prefill
+    if total_seq_len > 1920 and 48 < num_seqs <= 181 and mean_seq_len > 37 and 431 < max_seq_len <= 19430:
+        return 'flashinfer_direct'
+    # region 26: 12 workloads, 1.25x (1.11x .. 1.44x) over vllm_flashinfer_prefill
+    if total_seq_len > 4464 and num_seqs <= 48 and mean_seq_len <= 1722 and max_seq_len <= 16360:
+        return 'flashinfer_direct'
+    # region 28: 3 workloads, 1.25x (1.17x .. 1.32x) over vllm_flashinfer_prefill
+    if total_seq_len > 4464 and num_seqs <= 48 and 1722 < mean_seq_len <= 2982 and max_seq_len <= 8190:
+        return 'flashinfer_direct'
+    # region 30: 2 workloads, 1.35x (1.34x .. 1.36x) over vllm_flashinfer_prefill
+    if total_seq_len > 6888 and num_seqs > 48 and mean_seq_len <= 37 and max_seq_len <= 1448:
+        return 'cuda_prefill_staged.r64s4'
+    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6888 and num_seqs > 48 and mean_seq_len <= 37 and max_seq_len > 1448:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 13777 and num_seqs <= 48 and mean_seq_len > 2982:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
-    if total_seq_len > 13777 and mean_seq_len <= 1722 and 810 < max_seq_len <= 23146:
-        return 'flashinfer_direct'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 13777 and 1722 < mean_seq_len <= 6888 and 810 < max_seq_len <= 16378:
-        return 'flashinfer_direct'
-    # region 29: 2 workloads, 1.18x (1.12x .. 1.24x) over vllm_flashinfer_prefill
-    if total_seq_len > 17695 and mean_seq_len <= 6888 and 107 < max_seq_len <= 810:
+    # region 33: 2 workloads, 1.09x (1.08x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len > 17695 and num_seqs > 48 and mean_seq_len > 37 and max_seq_len <= 431:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 

@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-03T15:08:10Z
+# measured    up to 2026-12-03T18:02:23Z
 # workloads   156 (workload-set digest 36aefc59b959ec9a)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -50,8 +50,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 18.98% mean, 263.80% max;
 #             1.430x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 15.07% mean, 178.37% max;
-#             3.655x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.27% mean, 167.33% max;
+#             2.877x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 31 and mean_seq_len <= 30: cuda_prefill_pool_rows.k16c8, 11 workloads, 6.53x (1.49x .. 9.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 1874 and 245 < mean_seq_len <= 598: cuda_prefill_staged.r32s4, 10 workloads, 1.97x (1.26x .. 2.97x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -68,16 +68,18 @@
 #   13. total_seq_len > 4096 and 245 < mean_seq_len <= 596: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   14. total_seq_len > 13511 and mean_seq_len > 596: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 362 and num_seqs > 21 and mean_seq_len <= 167: cuda_prefill_pool_rows.k8c8, 9 workloads, 3.50x (2.15x .. 6.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 1653 and mean_seq_len > 844: cuda_prefill_staged.r32s4, 2 workloads, 4.47x (3.70x .. 5.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 4859 and 167 < mean_seq_len <= 844: cuda_prefill_staged.r32s4, 18 workloads, 5.01x (3.63x .. 6.70x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   4. num_seqs <= 21 and mean_seq_len <= 51: cuda_prefill_pool_rows.k8c8, 43 workloads, 7.40x (2.28x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. num_seqs <= 21 and 51 < mean_seq_len <= 167: cuda_prefill_staged.r64s4, 24 workloads, 5.33x (3.04x .. 9.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len > 362 and num_seqs > 21 and mean_seq_len <= 167: cuda_prefill_staged.r64s4, 38 workloads, 2.32x (1.58x .. 4.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   7. 1653 < total_seq_len <= 5792 and mean_seq_len > 844: cuda_prefill_cp.p8, 4 workloads, 3.29x (2.23x .. 4.32x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
-#   8. total_seq_len > 4859 and 167 < mean_seq_len <= 844: cuda_prefill_cp.p16, 8 workloads, 2.77x (1.57x .. 5.42x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4
-#   9. total_seq_len > 5792 and 844 < mean_seq_len <= 11608: cuda_prefill_cp.p16, 8 workloads, 3.19x (1.81x .. 5.30x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   10. total_seq_len > 5792 and mean_seq_len > 11608: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   1. total_seq_len <= 374 and num_seqs <= 21 and mean_seq_len <= 158: cuda_prefill_pool_rows.k16c8, 48 workloads, 6.18x (2.80x .. 9.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 374 and num_seqs <= 21 and mean_seq_len > 158: cuda_prefill_staged.r64s4, 2 workloads, 3.96x (3.80x .. 4.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 3547 and num_seqs > 21 and mean_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 10 workloads, 2.57x (1.78x .. 3.58x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 3547 and num_seqs > 21 and mean_seq_len > 2: cuda_prefill_staged.r32s4, 27 workloads, 2.02x (1.68x .. 2.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   5. 374 < total_seq_len <= 3547 and num_seqs <= 21 and mean_seq_len <= 1859: cuda_prefill_staged.r32s4, 37 workloads, 3.85x (2.24x .. 4.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   6. 374 < total_seq_len <= 3547 and num_seqs <= 21 and mean_seq_len > 1859: cuda_prefill_cp.p16, 3 workloads, 2.59x (2.43x .. 2.87x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
+#   7. 3547 < total_seq_len <= 20107 and num_seqs <= 22 and mean_seq_len > 5792: cuda_prefill_cp.p8, 2 workloads, 1.65x (1.42x .. 1.92x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16
+#   8. total_seq_len > 3547 and num_seqs <= 22 and mean_seq_len <= 5792: cuda_prefill_cp.p16, 11 workloads, 2.07x (1.84x .. 2.44x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   9. total_seq_len > 3547 and 22 < num_seqs <= 56: cuda_prefill_staged.r32s4, 4 workloads, 1.67x (1.42x .. 2.08x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len > 3547 and 56 < num_seqs <= 101: cuda_prefill_cp.p16, 4 workloads, 2.04x (1.41x .. 3.25x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct
+#   11. total_seq_len > 3547 and num_seqs > 101: cuda_prefill_staged.r64s4, 6 workloads, 1.64x (1.28x .. 1.96x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. total_seq_len > 20107 and num_seqs <= 22 and mean_seq_len > 5792: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -98,16 +100,18 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 167), 'num_seqs': (21, None), 'total_seq_len': (None, 362)}, 'workloads': 9, 'speedup': (2.15, 3.5, 6.28), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (844, None), 'total_seq_len': (None, 1653)}, 'workloads': 2, 'speedup': (3.7, 4.47, 5.41), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (167, 844), 'total_seq_len': (None, 4859)}, 'workloads': 18, 'speedup': (3.63, 5.01, 6.7), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 51), 'num_seqs': (None, 21)}, 'workloads': 43, 'speedup': (2.28, 7.4, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (51, 167), 'num_seqs': (None, 21)}, 'workloads': 24, 'speedup': (3.04, 5.33, 9.14), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 167), 'num_seqs': (21, None), 'total_seq_len': (362, None)}, 'workloads': 38, 'speedup': (1.58, 2.32, 4.98), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (844, None), 'total_seq_len': (1653, 5792)}, 'workloads': 4, 'speedup': (2.23, 3.29, 4.32), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
-    {'region': 8, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (167, 844), 'total_seq_len': (4859, None)}, 'workloads': 8, 'speedup': (1.57, 2.77, 5.42), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4')},
-    {'region': 9, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (844, 11608), 'total_seq_len': (5792, None)}, 'workloads': 8, 'speedup': (1.81, 3.19, 5.3), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11608, None), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 158), 'num_seqs': (None, 21), 'total_seq_len': (None, 374)}, 'workloads': 48, 'speedup': (2.8, 6.18, 9.1), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (158, None), 'num_seqs': (None, 21), 'total_seq_len': (None, 374)}, 'workloads': 2, 'speedup': (3.8, 3.96, 4.13), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (21, None), 'total_seq_len': (None, 3547)}, 'workloads': 10, 'speedup': (1.78, 2.57, 3.58), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (21, None), 'total_seq_len': (None, 3547)}, 'workloads': 27, 'speedup': (1.68, 2.02, 2.31), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 1859), 'num_seqs': (None, 21), 'total_seq_len': (374, 3547)}, 'workloads': 37, 'speedup': (2.24, 3.85, 4.71), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (1859, None), 'num_seqs': (None, 21), 'total_seq_len': (374, 3547)}, 'workloads': 3, 'speedup': (2.43, 2.59, 2.87), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (5792, None), 'num_seqs': (None, 22), 'total_seq_len': (3547, 20107)}, 'workloads': 2, 'speedup': (1.42, 1.65, 1.92), 'fallbacks': ('cuda_prefill_cp.p16',)},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (None, 5792), 'num_seqs': (None, 22), 'total_seq_len': (3547, None)}, 'workloads': 11, 'speedup': (1.84, 2.07, 2.44), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (22, 56), 'total_seq_len': (3547, None)}, 'workloads': 4, 'speedup': (1.42, 1.67, 2.08), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'num_seqs': (56, 101), 'total_seq_len': (3547, None)}, 'workloads': 4, 'speedup': (1.41, 2.04, 3.25), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (101, None), 'total_seq_len': (3547, None)}, 'workloads': 6, 'speedup': (1.28, 1.64, 1.96), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5792, None), 'num_seqs': (None, 22), 'total_seq_len': (20107, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -164,36 +168,42 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 9 workloads, 3.50x (2.15x .. 6.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 21 and mean_seq_len <= 167:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 2 workloads, 4.47x (3.70x .. 5.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1653 and mean_seq_len > 844:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 3: 18 workloads, 5.01x (3.63x .. 6.70x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4859 and 167 < mean_seq_len <= 844:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 4: 43 workloads, 7.40x (2.28x .. 15.34x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and mean_seq_len <= 51:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 24 workloads, 5.33x (3.04x .. 9.14x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 51 < mean_seq_len <= 167:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 38 workloads, 2.32x (1.58x .. 4.98x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs > 21 and mean_seq_len <= 167:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 4 workloads, 3.29x (2.23x .. 4.32x) over vllm_flashinfer_prefill
-    if 1653 < total_seq_len <= 5792 and mean_seq_len > 844:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
-    # region 8: 8 workloads, 2.77x (1.57x .. 5.42x) over vllm_flashinfer_prefill
-    if total_seq_len > 4859 and 167 < mean_seq_len <= 844:
-        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_cp.p16'
-    # region 9: 8 workloads, 3.19x (1.81x .. 5.30x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and 844 < mean_seq_len <= 11608:
-        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
-    # region 10: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and mean_seq_len > 11608:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
+    # region 1: 48 workloads, 6.18x (2.80x .. 9.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs <= 21 and mean_seq_len <= 158:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 3.96x (3.80x .. 4.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs <= 21 and mean_seq_len > 158:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 3: 10 workloads, 2.57x (1.78x .. 3.58x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3547 and num_seqs > 21 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 27 workloads, 2.02x (1.68x .. 2.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3547 and num_seqs > 21 and mean_seq_len > 2:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 5: 37 workloads, 3.85x (2.24x .. 4.71x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 3547 and num_seqs <= 21 and mean_seq_len <= 1859:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 3 workloads, 2.59x (2.43x .. 2.87x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 3547 and num_seqs <= 21 and mean_seq_len > 1859:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p16'
+    # region 7: 2 workloads, 1.65x (1.42x .. 1.92x) over vllm_flashinfer_prefill
+    if 3547 < total_seq_len <= 20107 and num_seqs <= 22 and mean_seq_len > 5792:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
+    # region 8: 11 workloads, 2.07x (1.84x .. 2.44x) over vllm_flashinfer_prefill
+    if total_seq_len > 3547 and num_seqs <= 22 and mean_seq_len <= 5792:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p16'
+    # region 9: 4 workloads, 1.67x (1.42x .. 2.08x) over vllm_flashinfer_prefill
+    if total_seq_len > 3547 and 22 < num_seqs <= 56:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 10: 4 workloads, 2.04x (1.41x .. 3.25x) over vllm_flashinfer_prefill
+    if total_seq_len > 3547 and 56 < num_seqs <= 101:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p16'
+    # region 11: 6 workloads, 1.64x (1.28x .. 1.96x) over vllm_flashinfer_prefill
+    if total_seq_len > 3547 and num_seqs > 101:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 20107 and num_seqs <= 22 and mean_seq_len > 5792:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -204,8 +214,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 3.85% mean, 46.95% max;
 #             1.880x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.92% mean, 77.01% max;
-#             4.162x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.72% mean, 41.90% max;
+#             3.274x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 27 and num_seqs <= 21 and mean_seq_len <= 22 and max_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 7 workloads, 8.45x (7.49x .. 9.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 861 and num_seqs <= 181 and mean_seq_len <= 22 and 86 < max_seq_len <= 402: cuda_prefill_staged.r32s4, 4 workloads, 3.10x (1.31x .. 4.70x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
@@ -247,34 +257,20 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   38. total_seq_len > 27554 and num_seqs <= 45 and 1177 < max_seq_len <= 2432: vllm_flashinfer_prefill (baseline), 0 workloads
 #   39. total_seq_len > 27554 and num_seqs > 45 and 1177 < max_seq_len <= 2432: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it)
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 215 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 8 workloads, 8.56x (2.41x .. 15.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 215 and 4 < max_seq_len <= 28: cuda_prefill_pool_rows.k8c8, 17 workloads, 8.31x (2.68x .. 14.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 215 and 28 < max_seq_len <= 74: cuda_prefill_pool_rows.k16c8, 11 workloads, 7.05x (3.25x .. 12.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 215 and num_seqs > 11 and 74 < max_seq_len <= 128: cuda_prefill_pool_rows.k16c8, 2 workloads, 5.28x (3.72x .. 7.50x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 430 and num_seqs <= 11 and 74 < max_seq_len <= 127: cuda_prefill_pool_rows.k16c8, 5 workloads, 4.17x (2.91x .. 5.73x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 430 and num_seqs <= 11 and 127 < max_seq_len <= 1445: cuda_prefill_staged.r32s4, 8 workloads, 5.63x (2.86x .. 8.53x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 533 and num_seqs > 11 and 128 < max_seq_len <= 1445: cuda_prefill_staged.r64s4, 7 workloads, 3.45x (1.92x .. 7.44x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct
-#   8. total_seq_len <= 1773 and mean_seq_len > 362 and 1445 < max_seq_len <= 1797: cuda_prefill_staged.r32s4, 1 workloads, 3.70x (3.70x .. 3.70x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_staged.r64s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   9. mean_seq_len <= 362 and 1445 < max_seq_len <= 1797: cuda_prefill_staged.r32s4, 4 workloads, 3.01x (2.03x .. 4.90x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   10. mean_seq_len <= 27554 and max_seq_len > 23169: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8
-#   11. 1797 < max_seq_len <= 23169: cuda_prefill_cp.p16, 20 workloads, 2.99x (1.46x .. 5.30x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
-#   12. mean_seq_len > 27554 and max_seq_len > 23169: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
-#   13. 215 < total_seq_len <= 533 and num_seqs <= 90 and 37 < max_seq_len <= 74: cuda_prefill_pool_rows.k8c8, 4 workloads, 5.58x (2.64x .. 10.22x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   14. 215 < total_seq_len <= 533 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.86x (2.27x .. 6.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
-#   15. 215 < total_seq_len <= 533 and 19 < max_seq_len <= 37: cuda_prefill_pool_rows.k8c8, 3 workloads, 5.58x (4.06x .. 7.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. 215 < total_seq_len <= 533 and num_seqs > 11 and 74 < max_seq_len <= 128: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 215 < total_seq_len <= 533 and num_seqs > 90 and 37 < max_seq_len <= 74: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   18. 430 < total_seq_len <= 533 and num_seqs <= 11 and 74 < max_seq_len <= 206: triton_prefill_fused.c16v32, 2 workloads, 5.47x (4.97x .. 6.02x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 430 < total_seq_len <= 533 and num_seqs <= 11 and 206 < max_seq_len <= 1445: cuda_prefill_staged.r32s4, 4 workloads, 5.12x (4.74x .. 5.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   20. 533 < total_seq_len <= 2435 and 13 < max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.72x (2.20x .. 3.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. 533 < total_seq_len <= 6888 and 762 < max_seq_len <= 1445: cuda_prefill_staged.r32s4, 10 workloads, 3.94x (1.96x .. 6.25x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   22. total_seq_len > 533 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.76x (2.40x .. 2.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   23. total_seq_len > 533 and 28 < max_seq_len <= 762: cuda_prefill_staged.r64s4, 35 workloads, 3.54x (1.65x .. 9.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   24. total_seq_len > 1773 and mean_seq_len > 362 and 1445 < max_seq_len <= 1797: cuda_prefill_cp.p16, 1 workloads, 4.05x (4.05x .. 4.05x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   25. total_seq_len > 2435 and 13 < max_seq_len <= 28: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_cp.p8, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   26. 6888 < total_seq_len <= 19483 and num_seqs <= 45 and 762 < max_seq_len <= 1445: cuda_prefill_staged.r64s4, 1 workloads, 4.65x (4.65x .. 4.65x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   27. 6888 < total_seq_len <= 19483 and num_seqs > 45 and 762 < max_seq_len <= 1445: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   28. total_seq_len > 19483 and 762 < max_seq_len <= 1445: cuda_prefill_cp.p16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 53 and max_seq_len <= 13: cuda_prefill_pool_rows.k8c8, 14 workloads, 7.86x (3.25x .. 9.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 188 and 13 < max_seq_len <= 1969: cuda_prefill_pool_rows.k16c8, 23 workloads, 5.36x (2.29x .. 7.48x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 23911 and mean_seq_len > 8208 and max_seq_len > 1969: cuda_prefill_cp.p16, 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   4. mean_seq_len <= 8208 and max_seq_len > 1969: cuda_prefill_cp.p16, 15 workloads, 2.24x (1.84x .. 3.25x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   5. 53 < total_seq_len <= 533 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 9 workloads, 3.84x (2.57x .. 8.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   6. 188 < total_seq_len <= 533 and 13 < max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 2 workloads, 4.10x (2.73x .. 6.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   7. 188 < total_seq_len <= 533 and 19 < max_seq_len <= 88: cuda_prefill_pool_rows.k8c8, 8 workloads, 4.93x (2.82x .. 7.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   8. 188 < total_seq_len <= 533 and 88 < max_seq_len <= 1969: cuda_prefill_staged.r32s4, 22 workloads, 3.57x (1.82x .. 4.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   9. 533 < total_seq_len <= 1217 and max_seq_len <= 38: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.92x (2.69x .. 3.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   10. 533 < total_seq_len <= 1217 and 38 < max_seq_len <= 1969: cuda_prefill_staged.r32s4, 19 workloads, 3.40x (1.86x .. 4.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   11. 1217 < total_seq_len <= 2059 and max_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.33x (2.33x .. 2.33x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16, triton_prefill_staged.c16v64
+#   12. 1217 < total_seq_len <= 2059 and 27 < max_seq_len <= 1969: cuda_prefill_staged.r32s4, 20 workloads, 2.75x (1.68x .. 4.65x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len > 2059 and max_seq_len <= 1969: cuda_prefill_staged.r64s4, 15 workloads, 2.13x (1.47x .. 4.34x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   14. total_seq_len > 23911 and mean_seq_len > 8208 and max_seq_len > 1969: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 22), 'num_seqs': (None, 21), 'total_seq_len': (None, 27)}, 'workloads': 7, 'speedup': (7.49, 8.45, 9.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
@@ -319,34 +315,20 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'total_seq_len': (None, 215)}, 'workloads': 8, 'speedup': (2.41, 8.56, 15.83), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 28), 'total_seq_len': (None, 215)}, 'workloads': 17, 'speedup': (2.68, 8.31, 14.08), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (28, 74), 'total_seq_len': (None, 215)}, 'workloads': 11, 'speedup': (3.25, 7.05, 12.46), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (74, 128), 'num_seqs': (11, None), 'total_seq_len': (None, 215)}, 'workloads': 2, 'speedup': (3.72, 5.28, 7.5), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (74, 127), 'num_seqs': (None, 11), 'total_seq_len': (None, 430)}, 'workloads': 5, 'speedup': (2.91, 4.17, 5.73), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (127, 1445), 'num_seqs': (None, 11), 'total_seq_len': (None, 430)}, 'workloads': 8, 'speedup': (2.86, 5.63, 8.53), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (128, 1445), 'num_seqs': (11, None), 'total_seq_len': (None, 533)}, 'workloads': 7, 'speedup': (1.92, 3.45, 7.44), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1445, 1797), 'mean_seq_len': (362, None), 'total_seq_len': (None, 1773)}, 'workloads': 1, 'speedup': (3.7, 3.7, 3.7), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1445, 1797), 'mean_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (2.03, 3.01, 4.9), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (23169, None), 'mean_seq_len': (None, 27554)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 11, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1797, 23169)}, 'workloads': 20, 'speedup': (1.46, 2.99, 5.3), 'fallbacks': ('cuda_prefill_cp.p8',)},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23169, None), 'mean_seq_len': (27554, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (37, 74), 'num_seqs': (None, 90), 'total_seq_len': (215, 533)}, 'workloads': 4, 'speedup': (2.64, 5.58, 10.22), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'total_seq_len': (215, 533)}, 'workloads': 7, 'speedup': (2.27, 3.86, 6.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (19, 37), 'total_seq_len': (215, 533)}, 'workloads': 3, 'speedup': (4.06, 5.58, 7.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (74, 128), 'num_seqs': (11, None), 'total_seq_len': (215, 533)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (37, 74), 'num_seqs': (90, None), 'total_seq_len': (215, 533)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (74, 206), 'num_seqs': (None, 11), 'total_seq_len': (430, 533)}, 'workloads': 2, 'speedup': (4.97, 5.47, 6.02), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (206, 1445), 'num_seqs': (None, 11), 'total_seq_len': (430, 533)}, 'workloads': 4, 'speedup': (4.74, 5.12, 5.51), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (13, 28), 'total_seq_len': (533, 2435)}, 'workloads': 2, 'speedup': (2.2, 2.72, 3.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (762, 1445), 'total_seq_len': (533, 6888)}, 'workloads': 10, 'speedup': (1.96, 3.94, 6.25), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'total_seq_len': (533, None)}, 'workloads': 3, 'speedup': (2.4, 2.76, 2.96), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (28, 762), 'total_seq_len': (533, None)}, 'workloads': 35, 'speedup': (1.65, 3.54, 9.14), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 24, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1445, 1797), 'mean_seq_len': (362, None), 'total_seq_len': (1773, None)}, 'workloads': 1, 'speedup': (4.05, 4.05, 4.05), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, 28), 'total_seq_len': (2435, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (762, 1445), 'num_seqs': (None, 45), 'total_seq_len': (6888, 19483)}, 'workloads': 1, 'speedup': (4.65, 4.65, 4.65), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (762, 1445), 'num_seqs': (45, None), 'total_seq_len': (6888, 19483)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (762, 1445), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 13), 'total_seq_len': (None, 53)}, 'workloads': 14, 'speedup': (3.25, 7.86, 9.67), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (13, 1969), 'total_seq_len': (None, 188)}, 'workloads': 23, 'speedup': (2.29, 5.36, 7.48), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1969, None), 'mean_seq_len': (8208, None), 'total_seq_len': (None, 23911)}, 'workloads': 1, 'speedup': (1.42, 1.42, 1.42), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 4, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (1969, None), 'mean_seq_len': (None, 8208)}, 'workloads': 15, 'speedup': (1.84, 2.24, 3.25), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'total_seq_len': (53, 533)}, 'workloads': 9, 'speedup': (2.57, 3.84, 8.46), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (13, 19), 'total_seq_len': (188, 533)}, 'workloads': 2, 'speedup': (2.73, 4.1, 6.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (19, 88), 'total_seq_len': (188, 533)}, 'workloads': 8, 'speedup': (2.82, 4.93, 7.63), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (88, 1969), 'total_seq_len': (188, 533)}, 'workloads': 22, 'speedup': (1.82, 3.57, 4.62), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 38), 'total_seq_len': (533, 1217)}, 'workloads': 5, 'speedup': (2.69, 2.92, 3.15), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (38, 1969), 'total_seq_len': (533, 1217)}, 'workloads': 19, 'speedup': (1.86, 3.4, 4.71), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 27), 'total_seq_len': (1217, 2059)}, 'workloads': 1, 'speedup': (2.33, 2.33, 2.33), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'triton_prefill_staged.c16v64')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (27, 1969), 'total_seq_len': (1217, 2059)}, 'workloads': 20, 'speedup': (1.68, 2.75, 4.65), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1969), 'total_seq_len': (2059, None)}, 'workloads': 15, 'speedup': (1.47, 2.13, 4.34), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1969, None), 'mean_seq_len': (8208, None), 'total_seq_len': (23911, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -457,90 +439,48 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 8 workloads, 8.56x (2.41x .. 15.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 215 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 17 workloads, 8.31x (2.68x .. 14.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 215 and 4 < max_seq_len <= 28:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 11 workloads, 7.05x (3.25x .. 12.46x) over vllm_flashinfer_prefill
-    if total_seq_len <= 215 and 28 < max_seq_len <= 74:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 2 workloads, 5.28x (3.72x .. 7.50x) over vllm_flashinfer_prefill
-    if total_seq_len <= 215 and num_seqs > 11 and 74 < max_seq_len <= 128:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 5 workloads, 4.17x (2.91x .. 5.73x) over vllm_flashinfer_prefill
-    if total_seq_len <= 430 and num_seqs <= 11 and 74 < max_seq_len <= 127:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 8 workloads, 5.63x (2.86x .. 8.53x) over vllm_flashinfer_prefill
-    if total_seq_len <= 430 and num_seqs <= 11 and 127 < max_seq_len <= 1445:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 7: 7 workloads, 3.45x (1.92x .. 7.44x) over vllm_flashinfer_prefill
-    if total_seq_len <= 533 and num_seqs > 11 and 128 < max_seq_len <= 1445:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 1 workloads, 3.70x (3.70x .. 3.70x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1773 and mean_seq_len > 362 and 1445 < max_seq_len <= 1797:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 9: 4 workloads, 3.01x (2.03x .. 4.90x) over vllm_flashinfer_prefill
-    if mean_seq_len <= 362 and 1445 < max_seq_len <= 1797:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if mean_seq_len <= 27554 and max_seq_len > 23169:
+    # region 1: 14 workloads, 7.86x (3.25x .. 9.67x) over vllm_flashinfer_prefill
+    if total_seq_len <= 53 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 23 workloads, 5.36x (2.29x .. 7.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 188 and 13 < max_seq_len <= 1969:
+        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
+    if total_seq_len <= 23911 and mean_seq_len > 8208 and max_seq_len > 1969:
         return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
-    # region 11: 20 workloads, 2.99x (1.46x .. 5.30x) over vllm_flashinfer_prefill
-    if 1797 < max_seq_len <= 23169:
+    # region 4: 15 workloads, 2.24x (1.84x .. 3.25x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 8208 and max_seq_len > 1969:
         return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p16'
-    # region 12: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if mean_seq_len > 27554 and max_seq_len > 23169:
+    # region 5: 9 workloads, 3.84x (2.57x .. 8.46x) over vllm_flashinfer_prefill
+    if 53 < total_seq_len <= 533 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 2 workloads, 4.10x (2.73x .. 6.14x) over vllm_flashinfer_prefill
+    if 188 < total_seq_len <= 533 and 13 < max_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 7: 8 workloads, 4.93x (2.82x .. 7.63x) over vllm_flashinfer_prefill
+    if 188 < total_seq_len <= 533 and 19 < max_seq_len <= 88:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 22 workloads, 3.57x (1.82x .. 4.62x) over vllm_flashinfer_prefill
+    if 188 < total_seq_len <= 533 and 88 < max_seq_len <= 1969:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 5 workloads, 2.92x (2.69x .. 3.15x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 1217 and max_seq_len <= 38:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 19 workloads, 3.40x (1.86x .. 4.71x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 1217 and 38 < max_seq_len <= 1969:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 11: 1 workloads, 2.33x (2.33x .. 2.33x) over vllm_flashinfer_prefill
+    if 1217 < total_seq_len <= 2059 and max_seq_len <= 27:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 20 workloads, 2.75x (1.68x .. 4.65x) over vllm_flashinfer_prefill
+    if 1217 < total_seq_len <= 2059 and 27 < max_seq_len <= 1969:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 13: 15 workloads, 2.13x (1.47x .. 4.34x) over vllm_flashinfer_prefill
+    if total_seq_len > 2059 and max_seq_len <= 1969:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 14: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 23911 and mean_seq_len > 8208 and max_seq_len > 1969:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 4 workloads, 5.58x (2.64x .. 10.22x) over vllm_flashinfer_prefill
-    if 215 < total_seq_len <= 533 and num_seqs <= 90 and 37 < max_seq_len <= 74:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 14: 7 workloads, 3.86x (2.27x .. 6.36x) over vllm_flashinfer_prefill
-    if 215 < total_seq_len <= 533 and max_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 3 workloads, 5.58x (4.06x .. 7.19x) over vllm_flashinfer_prefill
-    if 215 < total_seq_len <= 533 and 19 < max_seq_len <= 37:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if 215 < total_seq_len <= 533 and num_seqs > 11 and 74 < max_seq_len <= 128:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if 215 < total_seq_len <= 533 and num_seqs > 90 and 37 < max_seq_len <= 74:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 2 workloads, 5.47x (4.97x .. 6.02x) over vllm_flashinfer_prefill
-    if 430 < total_seq_len <= 533 and num_seqs <= 11 and 74 < max_seq_len <= 206:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 19: 4 workloads, 5.12x (4.74x .. 5.51x) over vllm_flashinfer_prefill
-    if 430 < total_seq_len <= 533 and num_seqs <= 11 and 206 < max_seq_len <= 1445:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 20: 2 workloads, 2.72x (2.20x .. 3.37x) over vllm_flashinfer_prefill
-    if 533 < total_seq_len <= 2435 and 13 < max_seq_len <= 28:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 10 workloads, 3.94x (1.96x .. 6.25x) over vllm_flashinfer_prefill
-    if 533 < total_seq_len <= 6888 and 762 < max_seq_len <= 1445:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 22: 3 workloads, 2.76x (2.40x .. 2.96x) over vllm_flashinfer_prefill
-    if total_seq_len > 533 and max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 35 workloads, 3.54x (1.65x .. 9.14x) over vllm_flashinfer_prefill
-    if total_seq_len > 533 and 28 < max_seq_len <= 762:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 1 workloads, 4.05x (4.05x .. 4.05x) over vllm_flashinfer_prefill
-    if total_seq_len > 1773 and mean_seq_len > 362 and 1445 < max_seq_len <= 1797:
-        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2435 and 13 < max_seq_len <= 28:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 1 workloads, 4.65x (4.65x .. 4.65x) over vllm_flashinfer_prefill
-    if 6888 < total_seq_len <= 19483 and num_seqs <= 45 and 762 < max_seq_len <= 1445:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if 6888 < total_seq_len <= 19483 and num_seqs > 45 and 762 < max_seq_len <= 1445:
-        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 19483 and 762 < max_seq_len <= 1445:
-        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p16'
     return 'vllm_flashinfer_prefill'
 
 

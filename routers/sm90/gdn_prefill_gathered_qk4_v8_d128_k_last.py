@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-03T15:09:15Z
+# measured    up to 2026-12-03T18:08:24Z
 # workloads   156 (workload-set digest 68659784bab68377)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -49,8 +49,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 8.96% mean, 103.29% max;
 #             1.412x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.63% mean, 118.59% max;
-#             3.230x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.67% mean, 53.64% max;
+#             2.666x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and num_seqs <= 9 and mean_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.73x (7.31x .. 9.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 22 and num_seqs <= 9 and 3 < mean_seq_len <= 540: cuda_prefill_pool_rows.k16c8, 6 workloads, 7.63x (6.16x .. 8.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
@@ -63,17 +63,18 @@
 #   9. total_seq_len > 5792 and num_seqs <= 9 and mean_seq_len > 2508: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 #   10. total_seq_len > 6006 and num_seqs <= 9 and 540 < mean_seq_len <= 2508: cuda_prefill_cp.p8, 6 workloads, 1.34x (1.14x .. 1.92x) over vllm_flashinfer_prefill
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 212 and num_seqs <= 32 and mean_seq_len <= 540: cuda_prefill_pool_rows.k8c8, 37 workloads, 6.94x (2.91x .. 15.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   2. total_seq_len <= 1438 and mean_seq_len > 540: cuda_prefill_staged.r32s4, 2 workloads, 5.41x (5.32x .. 5.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 6128 and num_seqs > 32 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 7 workloads, 2.86x (2.07x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   4. total_seq_len <= 6128 and num_seqs > 32 and 2 < mean_seq_len <= 540: cuda_prefill_staged.r64s4, 21 workloads, 2.40x (1.68x .. 3.60x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. 212 < total_seq_len <= 292 and num_seqs <= 32 and mean_seq_len <= 540: triton_prefill_fused.c16v32, 13 workloads, 5.19x (3.11x .. 8.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct
-#   6. total_seq_len > 292 and num_seqs <= 32 and mean_seq_len <= 540: cuda_prefill_staged.r64s4, 50 workloads, 3.61x (1.39x .. 8.87x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   7. 1438 < total_seq_len <= 2508 and mean_seq_len > 540: cuda_prefill_cp.p4, 2 workloads, 5.02x (4.71x .. 5.34x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len > 2508 and 540 < mean_seq_len <= 4557: cuda_prefill_cp.p8, 11 workloads, 2.88x (1.82x .. 3.95x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   9. total_seq_len > 2508 and mean_seq_len > 4557: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   10. total_seq_len > 6128 and 32 < num_seqs <= 128 and mean_seq_len <= 540: flashinfer_direct, 4 workloads, 1.50x (1.43x .. 1.60x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len > 6128 and num_seqs > 128 and mean_seq_len <= 540: cuda_prefill_staged.r64s4, 4 workloads, 1.63x (1.33x .. 1.91x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   1. total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 6: cuda_prefill_pool_rows.k8c8, 13 workloads, 7.75x (6.25x .. 9.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 181 and 6 < mean_seq_len <= 19: cuda_prefill_pool_rows.k8c8, 12 workloads, 6.11x (3.36x .. 9.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   3. total_seq_len <= 181 and 19 < mean_seq_len <= 761: cuda_prefill_pool_rows.k16c8, 7 workloads, 7.12x (6.14x .. 8.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 9 workloads, 3.41x (2.38x .. 4.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   5. total_seq_len <= 5258 and 761 < mean_seq_len <= 2371: cuda_prefill_staged.r32s4, 4 workloads, 2.75x (2.06x .. 3.24x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_cp.p8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 5258 and mean_seq_len > 2371: cuda_prefill_cp.p4, 2 workloads, 1.98x (1.94x .. 2.01x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8
+#   7. 181 < total_seq_len <= 368 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 14 workloads, 3.30x (1.95x .. 5.99x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   8. 181 < total_seq_len <= 4366 and 90 < mean_seq_len <= 761: cuda_prefill_staged.r32s4, 30 workloads, 3.30x (1.69x .. 4.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   9. total_seq_len > 368 and mean_seq_len <= 90: cuda_prefill_staged.r64s4, 41 workloads, 1.99x (1.33x .. 4.49x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   10. total_seq_len > 4366 and 90 < mean_seq_len <= 761: cuda_prefill_staged.r64s4, 12 workloads, 1.57x (1.26x .. 2.08x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   11. 5258 < total_seq_len <= 9101 and mean_seq_len > 761: cuda_prefill_cp.p8, 8 workloads, 1.78x (1.60x .. 2.15x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   12. total_seq_len > 9101 and mean_seq_len > 761: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -90,17 +91,18 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 32), 'total_seq_len': (None, 212)}, 'workloads': 37, 'speedup': (2.91, 6.94, 15.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (540, None), 'total_seq_len': (None, 1438)}, 'workloads': 2, 'speedup': (5.32, 5.41, 5.51), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (32, None), 'total_seq_len': (None, 6128)}, 'workloads': 7, 'speedup': (2.07, 2.86, 3.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 540), 'num_seqs': (32, None), 'total_seq_len': (None, 6128)}, 'workloads': 21, 'speedup': (1.68, 2.4, 3.6), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 32), 'total_seq_len': (212, 292)}, 'workloads': 13, 'speedup': (3.11, 5.19, 8.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (None, 32), 'total_seq_len': (292, None)}, 'workloads': 50, 'speedup': (1.39, 3.61, 8.87), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 7, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (540, None), 'total_seq_len': (1438, 2508)}, 'workloads': 2, 'speedup': (4.71, 5.02, 5.34), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (540, 4557), 'total_seq_len': (2508, None)}, 'workloads': 11, 'speedup': (1.82, 2.88, 3.95), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4557, None), 'total_seq_len': (2508, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (32, 128), 'total_seq_len': (6128, None)}, 'workloads': 4, 'speedup': (1.43, 1.5, 1.6), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 540), 'num_seqs': (128, None), 'total_seq_len': (6128, None)}, 'workloads': 4, 'speedup': (1.33, 1.63, 1.91), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 13, 'speedup': (6.25, 7.75, 9.14), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (6, 19), 'total_seq_len': (None, 181)}, 'workloads': 12, 'speedup': (3.36, 6.11, 9.08), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (19, 761), 'total_seq_len': (None, 181)}, 'workloads': 7, 'speedup': (6.14, 7.12, 8.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 9, 'speedup': (2.38, 3.41, 4.02), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (761, 2371), 'total_seq_len': (None, 5258)}, 'workloads': 4, 'speedup': (2.06, 2.75, 3.24), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (2371, None), 'total_seq_len': (None, 5258)}, 'workloads': 2, 'speedup': (1.94, 1.98, 2.01), 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (181, 368)}, 'workloads': 14, 'speedup': (1.95, 3.3, 5.99), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (90, 761), 'total_seq_len': (181, 4366)}, 'workloads': 30, 'speedup': (1.69, 3.3, 4.71), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (368, None)}, 'workloads': 41, 'speedup': (1.33, 1.99, 4.49), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (90, 761), 'total_seq_len': (4366, None)}, 'workloads': 12, 'speedup': (1.26, 1.57, 2.08), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 11, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (761, None), 'total_seq_len': (5258, 9101)}, 'workloads': 8, 'speedup': (1.6, 1.78, 2.15), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (761, None), 'total_seq_len': (9101, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -145,39 +147,42 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 37 workloads, 6.94x (2.91x .. 15.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 212 and num_seqs <= 32 and mean_seq_len <= 540:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 2 workloads, 5.41x (5.32x .. 5.51x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1438 and mean_seq_len > 540:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 3: 7 workloads, 2.86x (2.07x .. 3.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 6128 and num_seqs > 32 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 21 workloads, 2.40x (1.68x .. 3.60x) over vllm_flashinfer_prefill
-    if total_seq_len <= 6128 and num_seqs > 32 and 2 < mean_seq_len <= 540:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 13 workloads, 5.19x (3.11x .. 8.98x) over vllm_flashinfer_prefill
-    if 212 < total_seq_len <= 292 and num_seqs <= 32 and mean_seq_len <= 540:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 50 workloads, 3.61x (1.39x .. 8.87x) over vllm_flashinfer_prefill
-    if total_seq_len > 292 and num_seqs <= 32 and mean_seq_len <= 540:
+    # region 1: 13 workloads, 7.75x (6.25x .. 9.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 8 and mean_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 12 workloads, 6.11x (3.36x .. 9.08x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 6 < mean_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 7 workloads, 7.12x (6.14x .. 8.89x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 19 < mean_seq_len <= 761:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 9 workloads, 3.41x (2.38x .. 4.02x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 8 and mean_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 4 workloads, 2.75x (2.06x .. 3.24x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5258 and 761 < mean_seq_len <= 2371:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 2 workloads, 1.98x (1.94x .. 2.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5258 and mean_seq_len > 2371:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
+    # region 7: 14 workloads, 3.30x (1.95x .. 5.99x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 368 and mean_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 8: 30 workloads, 3.30x (1.69x .. 4.71x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 4366 and 90 < mean_seq_len <= 761:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 41 workloads, 1.99x (1.33x .. 4.49x) over vllm_flashinfer_prefill
+    if total_seq_len > 368 and mean_seq_len <= 90:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 12 workloads, 1.57x (1.26x .. 2.08x) over vllm_flashinfer_prefill
+    if total_seq_len > 4366 and 90 < mean_seq_len <= 761:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 2 workloads, 5.02x (4.71x .. 5.34x) over vllm_flashinfer_prefill
-    if 1438 < total_seq_len <= 2508 and mean_seq_len > 540:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p4'
-    # region 8: 11 workloads, 2.88x (1.82x .. 3.95x) over vllm_flashinfer_prefill
-    if total_seq_len > 2508 and 540 < mean_seq_len <= 4557:
+    # region 11: 8 workloads, 1.78x (1.60x .. 2.15x) over vllm_flashinfer_prefill
+    if 5258 < total_seq_len <= 9101 and mean_seq_len > 761:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 9: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2508 and mean_seq_len > 4557:
+    # region 12: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 9101 and mean_seq_len > 761:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 4 workloads, 1.50x (1.43x .. 1.60x) over vllm_flashinfer_prefill
-    if total_seq_len > 6128 and 32 < num_seqs <= 128 and mean_seq_len <= 540:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 11: 4 workloads, 1.63x (1.33x .. 1.91x) over vllm_flashinfer_prefill
-    if total_seq_len > 6128 and num_seqs > 128 and mean_seq_len <= 540:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
     return 'vllm_flashinfer_prefill'
 
 
@@ -188,8 +193,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 5.46% mean, 199.25% max;
 #             1.504x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.34% mean, 63.89% max;
-#             3.583x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.23% mean, 30.02% max;
+#             2.806x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 42 and num_seqs <= 1 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.73x (8.73x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 42 and num_seqs <= 3 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 3 workloads, 7.77x (7.66x .. 7.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
@@ -242,40 +247,28 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   49. total_seq_len > 9101 and num_seqs <= 9 and mean_seq_len > 1722 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 #   50. total_seq_len > 9741 and num_seqs > 9 and 1920 < max_seq_len <= 3435: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 53 and num_seqs > 8 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.66x (3.03x .. 4.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 107 and num_seqs > 8 and 6 < max_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 152 and num_seqs <= 8 and 122 < max_seq_len <= 1794: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.31x (8.31x .. 8.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 215 and num_seqs <= 8 and max_seq_len <= 122: cuda_prefill_pool_rows.k8c8, 28 workloads, 7.95x (3.38x .. 15.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 215 and num_seqs > 8 and 8 < max_seq_len <= 32: cuda_prefill_pool_rows.k4c8, 3 workloads, 3.64x (3.15x .. 4.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   6. total_seq_len <= 215 and num_seqs > 8 and 32 < max_seq_len <= 1794: cuda_prefill_pool_rows.k8c8, 3 workloads, 3.66x (2.91x .. 4.26x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   7. total_seq_len <= 9101 and mean_seq_len > 6888 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
-#   8. total_seq_len <= 13277 and mean_seq_len <= 6888 and max_seq_len > 1794: cuda_prefill_cp.p8, 18 workloads, 2.97x (1.82x .. 4.70x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   9. 53 < total_seq_len <= 215 and num_seqs > 8 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.01x (3.12x .. 6.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   10. 107 < total_seq_len <= 215 and num_seqs > 8 and 6 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 7.25x (7.25x .. 7.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. 152 < total_seq_len <= 215 and num_seqs <= 8 and 122 < max_seq_len <= 1794: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. 215 < total_seq_len <= 304 and mean_seq_len <= 37 and 225 < max_seq_len <= 1794: triton_prefill_fused.c16v32, 2 workloads, 3.21x (3.11x .. 3.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct
-#   13. 215 < total_seq_len <= 304 and mean_seq_len > 37 and 181 < max_seq_len <= 1794: triton_prefill_fused.c16v32, 3 workloads, 5.32x (4.47x .. 7.23x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   14. 215 < total_seq_len <= 663 and num_seqs <= 5 and mean_seq_len > 37 and max_seq_len <= 181: triton_prefill_fused.c16v32, 5 workloads, 7.14x (5.28x .. 8.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. 215 < total_seq_len <= 663 and mean_seq_len <= 37 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 15 workloads, 3.83x (2.07x .. 5.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct
-#   16. 215 < total_seq_len <= 663 and mean_seq_len <= 37 and 56 < max_seq_len <= 225: cuda_prefill_staged.r64s4, 2 workloads, 2.29x (1.68x .. 3.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 215 < total_seq_len <= 663 and num_seqs > 5 and mean_seq_len > 37 and max_seq_len <= 181: triton_prefill_fused.c16v64, 1 workloads, 9.54x (9.54x .. 9.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 304 < total_seq_len <= 663 and mean_seq_len <= 37 and 225 < max_seq_len <= 1794: cuda_prefill_staged.r64s4, 5 workloads, 2.65x (2.20x .. 3.60x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   19. 304 < total_seq_len <= 663 and mean_seq_len > 37 and 181 < max_seq_len <= 1794: cuda_prefill_staged.r32s4, 5 workloads, 6.19x (5.02x .. 7.19x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. 663 < total_seq_len <= 1217 and max_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.62x (2.41x .. 3.00x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   21. 663 < total_seq_len <= 1217 and 27 < max_seq_len <= 932: cuda_prefill_staged.r64s4, 19 workloads, 3.81x (1.72x .. 8.87x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   22. 663 < total_seq_len <= 6888 and mean_seq_len <= 9 and 932 < max_seq_len <= 1794: cuda_prefill_staged.r64s4, 1 workloads, 2.00x (2.00x .. 2.00x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. 663 < total_seq_len <= 6888 and mean_seq_len > 9 and 932 < max_seq_len <= 1794: cuda_prefill_cp.p8, 6 workloads, 4.34x (2.73x .. 5.58x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct
-#   24. 1217 < total_seq_len <= 23443 and max_seq_len <= 932: cuda_prefill_staged.r64s4, 21 workloads, 2.69x (1.60x .. 6.59x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   25. total_seq_len > 6888 and num_seqs <= 22 and 932 < max_seq_len <= 1794: cuda_prefill_staged.r64s4, 2 workloads, 2.38x (1.39x .. 4.06x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   26. total_seq_len > 6888 and num_seqs > 22 and 932 < max_seq_len <= 1794: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   27. 9101 < total_seq_len <= 13277 and mean_seq_len > 6888 and max_seq_len > 1794: cuda_prefill_cp.p8, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   28. 13277 < total_seq_len <= 19483 and num_seqs <= 1 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
-#   29. 13277 < total_seq_len <= 19483 and 1 < num_seqs <= 3 and max_seq_len > 1794: cuda_prefill_cp.p8, 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p4; engine plugins keep the engine's kernel (`hand_back`)
-#   30. 13277 < total_seq_len <= 19483 and num_seqs > 3 and max_seq_len > 1794: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4
-#   31. total_seq_len > 19483 and num_seqs <= 2 and 1794 < max_seq_len <= 23169: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4
-#   32. total_seq_len > 19483 and num_seqs <= 2 and max_seq_len > 23169: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
-#   33. total_seq_len > 19483 and num_seqs > 2 and max_seq_len > 1794: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
-#   34. total_seq_len > 23443 and max_seq_len <= 932: flashinfer_direct, 2 workloads, 1.33x (1.24x .. 1.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 66 and 2 < max_seq_len <= 19: cuda_prefill_pool_rows.k8c8, 15 workloads, 6.67x (3.28x .. 8.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 107 and mean_seq_len <= 18 and 19 < max_seq_len <= 122: cuda_prefill_pool_rows.k16c8, 6 workloads, 5.20x (2.44x .. 6.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 152 and 122 < max_seq_len <= 2829: cuda_prefill_pool_rows.k16c8, 1 workloads, 6.14x (6.14x .. 6.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 152 and mean_seq_len > 18 and 19 < max_seq_len <= 122: cuda_prefill_pool_rows.k16c8, 6 workloads, 7.29x (6.44x .. 8.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 215 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 4 workloads, 5.52x (3.38x .. 9.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   6. total_seq_len <= 9101 and num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 2829: cuda_prefill_cp.p8, 1 workloads, 1.61x (1.61x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   7. total_seq_len <= 13777 and num_seqs <= 2 and mean_seq_len <= 5792 and max_seq_len > 2829: cuda_prefill_cp.p8, 2 workloads, 1.97x (1.93x .. 2.02x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   8. num_seqs > 2 and mean_seq_len <= 4557 and max_seq_len > 6611: cuda_prefill_cp.p8, 6 workloads, 1.78x (1.59x .. 1.92x) over vllm_flashinfer_prefill
+#   9. num_seqs > 2 and 2829 < max_seq_len <= 6611: cuda_prefill_cp.p8, 2 workloads, 1.70x (1.60x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
+#   10. num_seqs > 2 and mean_seq_len > 4557 and max_seq_len > 6611: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   11. 66 < total_seq_len <= 215 and 2 < max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 5 workloads, 5.20x (3.76x .. 9.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   12. 107 < total_seq_len <= 215 and mean_seq_len <= 18 and 19 < max_seq_len <= 122: cuda_prefill_pool_rows.k8c8, 4 workloads, 4.56x (2.91x .. 6.78x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   13. 152 < total_seq_len <= 215 and 122 < max_seq_len <= 2829: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   14. 152 < total_seq_len <= 215 and mean_seq_len > 18 and 19 < max_seq_len <= 122: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   15. 215 < total_seq_len <= 608 and 26 < max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.28x (2.06x .. 6.74x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   16. 215 < total_seq_len <= 1217 and max_seq_len <= 26: cuda_prefill_pool_rows.k2c8, 12 workloads, 2.65x (2.04x .. 3.72x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64
+#   17. total_seq_len > 215 and 40 < max_seq_len <= 2829: cuda_prefill_staged.r64s4, 78 workloads, 2.57x (1.37x .. 4.61x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   18. total_seq_len > 608 and 26 < max_seq_len <= 40: cuda_prefill_staged.r64s4, 5 workloads, 1.90x (1.62x .. 2.26x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   19. total_seq_len > 1217 and max_seq_len <= 26: cuda_prefill_staged.r64s4, 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, cuda_prefill_cp.p8, cuda_prefill_cp.p4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   20. 9101 < total_seq_len <= 13777 and num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 2829: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64
+#   21. total_seq_len > 13777 and num_seqs <= 2 and mean_seq_len <= 13777 and max_seq_len > 2829: cuda_prefill_cp.p8, 0 workloads, by estimated times (no measured workload in it)
+#   22. total_seq_len > 13777 and num_seqs <= 2 and mean_seq_len > 13777 and max_seq_len > 2829: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 1), 'total_seq_len': (None, 42)}, 'workloads': 1, 'speedup': (8.73, 8.73, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64')},
@@ -331,40 +324,28 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (8, None), 'total_seq_len': (None, 53)}, 'workloads': 2, 'speedup': (3.03, 3.66, 4.41), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 8), 'num_seqs': (8, None), 'total_seq_len': (None, 107)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (122, 1794), 'num_seqs': (None, 8), 'total_seq_len': (None, 152)}, 'workloads': 1, 'speedup': (8.31, 8.31, 8.31), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 122), 'num_seqs': (None, 8), 'total_seq_len': (None, 215)}, 'workloads': 28, 'speedup': (3.38, 7.95, 15.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, 32), 'num_seqs': (8, None), 'total_seq_len': (None, 215)}, 'workloads': 3, 'speedup': (3.15, 3.64, 4.22), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (32, 1794), 'num_seqs': (8, None), 'total_seq_len': (None, 215)}, 'workloads': 3, 'speedup': (2.91, 3.66, 4.26), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (6888, None), 'total_seq_len': (None, 9101)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
-    {'region': 8, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (None, 6888), 'total_seq_len': (None, 13277)}, 'workloads': 18, 'speedup': (1.82, 2.97, 4.7), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (8, None), 'total_seq_len': (53, 215)}, 'workloads': 3, 'speedup': (3.12, 4.01, 6.12), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (6, 8), 'num_seqs': (8, None), 'total_seq_len': (107, 215)}, 'workloads': 1, 'speedup': (7.25, 7.25, 7.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (122, 1794), 'num_seqs': (None, 8), 'total_seq_len': (152, 215)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (225, 1794), 'mean_seq_len': (None, 37), 'total_seq_len': (215, 304)}, 'workloads': 2, 'speedup': (3.11, 3.21, 3.31), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (181, 1794), 'mean_seq_len': (37, None), 'total_seq_len': (215, 304)}, 'workloads': 3, 'speedup': (4.47, 5.32, 7.23), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (37, None), 'num_seqs': (None, 5), 'total_seq_len': (215, 663)}, 'workloads': 5, 'speedup': (5.28, 7.14, 8.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (None, 37), 'total_seq_len': (215, 663)}, 'workloads': 15, 'speedup': (2.07, 3.83, 5.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (56, 225), 'mean_seq_len': (None, 37), 'total_seq_len': (215, 663)}, 'workloads': 2, 'speedup': (1.68, 2.29, 3.14), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (37, None), 'num_seqs': (5, None), 'total_seq_len': (215, 663)}, 'workloads': 1, 'speedup': (9.54, 9.54, 9.54), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (225, 1794), 'mean_seq_len': (None, 37), 'total_seq_len': (304, 663)}, 'workloads': 5, 'speedup': (2.2, 2.65, 3.6), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (181, 1794), 'mean_seq_len': (37, None), 'total_seq_len': (304, 663)}, 'workloads': 5, 'speedup': (5.02, 6.19, 7.19), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 27), 'total_seq_len': (663, 1217)}, 'workloads': 3, 'speedup': (2.41, 2.62, 3.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (27, 932), 'total_seq_len': (663, 1217)}, 'workloads': 19, 'speedup': (1.72, 3.81, 8.87), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (932, 1794), 'mean_seq_len': (None, 9), 'total_seq_len': (663, 6888)}, 'workloads': 1, 'speedup': (2.0, 2.0, 2.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (932, 1794), 'mean_seq_len': (9, None), 'total_seq_len': (663, 6888)}, 'workloads': 6, 'speedup': (2.73, 4.34, 5.58), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 932), 'total_seq_len': (1217, 23443)}, 'workloads': 21, 'speedup': (1.6, 2.69, 6.59), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (932, 1794), 'num_seqs': (None, 22), 'total_seq_len': (6888, None)}, 'workloads': 2, 'speedup': (1.39, 2.38, 4.06), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (932, 1794), 'num_seqs': (22, None), 'total_seq_len': (6888, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (6888, None), 'total_seq_len': (9101, 13277)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (None, 1), 'total_seq_len': (13277, 19483)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
-    {'region': 29, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (1, 3), 'total_seq_len': (13277, 19483)}, 'workloads': 1, 'speedup': (2.03, 2.03, 2.03), 'fallbacks': ('cuda_prefill_cp.p4',), 'hand_back': True},
-    {'region': 30, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (3, None), 'total_seq_len': (13277, 19483)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 31, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1794, 23169), 'num_seqs': (None, 2), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23169, None), 'num_seqs': (None, 2), 'total_seq_len': (19483, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 33, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (2, None), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 932), 'total_seq_len': (23443, None)}, 'workloads': 2, 'speedup': (1.24, 1.33, 1.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 19), 'total_seq_len': (None, 66)}, 'workloads': 15, 'speedup': (3.28, 6.67, 8.7), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (19, 122), 'mean_seq_len': (None, 18), 'total_seq_len': (None, 107)}, 'workloads': 6, 'speedup': (2.44, 5.2, 6.61), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (122, 2829), 'total_seq_len': (None, 152)}, 'workloads': 1, 'speedup': (6.14, 6.14, 6.14), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (19, 122), 'mean_seq_len': (18, None), 'total_seq_len': (None, 152)}, 'workloads': 6, 'speedup': (6.44, 7.29, 8.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (None, 215)}, 'workloads': 4, 'speedup': (3.38, 5.52, 9.26), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2829, None), 'mean_seq_len': (5792, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 9101)}, 'workloads': 1, 'speedup': (1.61, 1.61, 1.61), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2829, None), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 2), 'total_seq_len': (None, 13777)}, 'workloads': 2, 'speedup': (1.93, 1.97, 2.02), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (6611, None), 'mean_seq_len': (None, 4557), 'num_seqs': (2, None)}, 'workloads': 6, 'speedup': (1.59, 1.78, 1.92), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2829, 6611), 'num_seqs': (2, None)}, 'workloads': 2, 'speedup': (1.6, 1.7, 1.81), 'fallbacks': ('cuda_prefill_cp.p4',)},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (6611, None), 'mean_seq_len': (4557, None), 'num_seqs': (2, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 19), 'total_seq_len': (66, 215)}, 'workloads': 5, 'speedup': (3.76, 5.2, 9.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (19, 122), 'mean_seq_len': (None, 18), 'total_seq_len': (107, 215)}, 'workloads': 4, 'speedup': (2.91, 4.56, 6.78), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (122, 2829), 'total_seq_len': (152, 215)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (19, 122), 'mean_seq_len': (18, None), 'total_seq_len': (152, 215)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (26, 40), 'total_seq_len': (215, 608)}, 'workloads': 4, 'speedup': (2.06, 3.28, 6.74), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 26), 'total_seq_len': (215, 1217)}, 'workloads': 12, 'speedup': (2.04, 2.65, 3.72), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (40, 2829), 'total_seq_len': (215, None)}, 'workloads': 78, 'speedup': (1.37, 2.57, 4.61), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (26, 40), 'total_seq_len': (608, None)}, 'workloads': 5, 'speedup': (1.62, 1.9, 2.26), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 26), 'total_seq_len': (1217, None)}, 'workloads': 1, 'speedup': (1.8, 1.8, 1.8), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2829, None), 'mean_seq_len': (5792, None), 'num_seqs': (None, 2), 'total_seq_len': (9101, 13777)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 21, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2829, None), 'mean_seq_len': (None, 13777), 'num_seqs': (None, 2), 'total_seq_len': (13777, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2829, None), 'mean_seq_len': (13777, None), 'num_seqs': (None, 2), 'total_seq_len': (13777, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -517,108 +498,72 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 3.66x (3.03x .. 4.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 53 and num_seqs > 8 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 107 and num_seqs > 8 and 6 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 1 workloads, 8.31x (8.31x .. 8.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 152 and num_seqs <= 8 and 122 < max_seq_len <= 1794:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 28 workloads, 7.95x (3.38x .. 15.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 215 and num_seqs <= 8 and max_seq_len <= 122:
-        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 3 workloads, 3.64x (3.15x .. 4.22x) over vllm_flashinfer_prefill
-    if total_seq_len <= 215 and num_seqs > 8 and 8 < max_seq_len <= 32:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 3 workloads, 3.66x (2.91x .. 4.26x) over vllm_flashinfer_prefill
-    if total_seq_len <= 215 and num_seqs > 8 and 32 < max_seq_len <= 1794:
-        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 9101 and mean_seq_len > 6888 and max_seq_len > 1794:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 18 workloads, 2.97x (1.82x .. 4.70x) over vllm_flashinfer_prefill
-    if total_seq_len <= 13277 and mean_seq_len <= 6888 and max_seq_len > 1794:
+    # region 1: 15 workloads, 6.67x (3.28x .. 8.70x) over vllm_flashinfer_prefill
+    if total_seq_len <= 66 and 2 < max_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 6 workloads, 5.20x (2.44x .. 6.61x) over vllm_flashinfer_prefill
+    if total_seq_len <= 107 and mean_seq_len <= 18 and 19 < max_seq_len <= 122:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 1 workloads, 6.14x (6.14x .. 6.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 152 and 122 < max_seq_len <= 2829:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 6 workloads, 7.29x (6.44x .. 8.89x) over vllm_flashinfer_prefill
+    if total_seq_len <= 152 and mean_seq_len > 18 and 19 < max_seq_len <= 122:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 4 workloads, 5.52x (3.38x .. 9.26x) over vllm_flashinfer_prefill
+    if total_seq_len <= 215 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 1 workloads, 1.61x (1.61x .. 1.61x) over vllm_flashinfer_prefill
+    if total_seq_len <= 9101 and num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 2829:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 9: 3 workloads, 4.01x (3.12x .. 6.12x) over vllm_flashinfer_prefill
-    if 53 < total_seq_len <= 215 and num_seqs > 8 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 1 workloads, 7.25x (7.25x .. 7.25x) over vllm_flashinfer_prefill
-    if 107 < total_seq_len <= 215 and num_seqs > 8 and 6 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
-    if 152 < total_seq_len <= 215 and num_seqs <= 8 and 122 < max_seq_len <= 1794:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 2 workloads, 3.21x (3.11x .. 3.31x) over vllm_flashinfer_prefill
-    if 215 < total_seq_len <= 304 and mean_seq_len <= 37 and 225 < max_seq_len <= 1794:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v32'
-    # region 13: 3 workloads, 5.32x (4.47x .. 7.23x) over vllm_flashinfer_prefill
-    if 215 < total_seq_len <= 304 and mean_seq_len > 37 and 181 < max_seq_len <= 1794:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 14: 5 workloads, 7.14x (5.28x .. 8.98x) over vllm_flashinfer_prefill
-    if 215 < total_seq_len <= 663 and num_seqs <= 5 and mean_seq_len > 37 and max_seq_len <= 181:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 15: 15 workloads, 3.83x (2.07x .. 5.98x) over vllm_flashinfer_prefill
-    if 215 < total_seq_len <= 663 and mean_seq_len <= 37 and max_seq_len <= 56:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 2 workloads, 2.29x (1.68x .. 3.14x) over vllm_flashinfer_prefill
-    if 215 < total_seq_len <= 663 and mean_seq_len <= 37 and 56 < max_seq_len <= 225:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 1 workloads, 9.54x (9.54x .. 9.54x) over vllm_flashinfer_prefill
-    if 215 < total_seq_len <= 663 and num_seqs > 5 and mean_seq_len > 37 and max_seq_len <= 181:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 18: 5 workloads, 2.65x (2.20x .. 3.60x) over vllm_flashinfer_prefill
-    if 304 < total_seq_len <= 663 and mean_seq_len <= 37 and 225 < max_seq_len <= 1794:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 5 workloads, 6.19x (5.02x .. 7.19x) over vllm_flashinfer_prefill
-    if 304 < total_seq_len <= 663 and mean_seq_len > 37 and 181 < max_seq_len <= 1794:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 20: 3 workloads, 2.62x (2.41x .. 3.00x) over vllm_flashinfer_prefill
-    if 663 < total_seq_len <= 1217 and max_seq_len <= 27:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 19 workloads, 3.81x (1.72x .. 8.87x) over vllm_flashinfer_prefill
-    if 663 < total_seq_len <= 1217 and 27 < max_seq_len <= 932:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 1 workloads, 2.00x (2.00x .. 2.00x) over vllm_flashinfer_prefill
-    if 663 < total_seq_len <= 6888 and mean_seq_len <= 9 and 932 < max_seq_len <= 1794:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 6 workloads, 4.34x (2.73x .. 5.58x) over vllm_flashinfer_prefill
-    if 663 < total_seq_len <= 6888 and mean_seq_len > 9 and 932 < max_seq_len <= 1794:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p8'
-    # region 24: 21 workloads, 2.69x (1.60x .. 6.59x) over vllm_flashinfer_prefill
-    if 1217 < total_seq_len <= 23443 and max_seq_len <= 932:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 2 workloads, 2.38x (1.39x .. 4.06x) over vllm_flashinfer_prefill
-    if total_seq_len > 6888 and num_seqs <= 22 and 932 < max_seq_len <= 1794:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 6888 and num_seqs > 22 and 932 < max_seq_len <= 1794:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p8'
-    # region 27: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
-    if 9101 < total_seq_len <= 13277 and mean_seq_len > 6888 and max_seq_len > 1794:
+    # region 7: 2 workloads, 1.97x (1.93x .. 2.02x) over vllm_flashinfer_prefill
+    if total_seq_len <= 13777 and num_seqs <= 2 and mean_seq_len <= 5792 and max_seq_len > 2829:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 28: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 13277 < total_seq_len <= 19483 and num_seqs <= 1 and max_seq_len > 1794:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 1 workloads, 2.03x (2.03x .. 2.03x) over vllm_flashinfer_prefill's guarded call
-    if 13277 < total_seq_len <= 19483 and 1 < num_seqs <= 3 and max_seq_len > 1794:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 13277 < total_seq_len <= 19483 and num_seqs > 3 and max_seq_len > 1794:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 19483 and num_seqs <= 2 and 1794 < max_seq_len <= 23169:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 19483 and num_seqs <= 2 and max_seq_len > 23169:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 19483 and num_seqs > 2 and max_seq_len > 1794:
+    # region 8: 6 workloads, 1.78x (1.59x .. 1.92x) over vllm_flashinfer_prefill
+    if num_seqs > 2 and mean_seq_len <= 4557 and max_seq_len > 6611:
         return 'cuda_prefill_cp.p8'
-    # region 34: 2 workloads, 1.33x (1.24x .. 1.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 23443 and max_seq_len <= 932:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 9: 2 workloads, 1.70x (1.60x .. 1.81x) over vllm_flashinfer_prefill
+    if num_seqs > 2 and 2829 < max_seq_len <= 6611:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 10: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 2 and mean_seq_len > 4557 and max_seq_len > 6611:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 5 workloads, 5.20x (3.76x .. 9.66x) over vllm_flashinfer_prefill
+    if 66 < total_seq_len <= 215 and 2 < max_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 4 workloads, 4.56x (2.91x .. 6.78x) over vllm_flashinfer_prefill
+    if 107 < total_seq_len <= 215 and mean_seq_len <= 18 and 19 < max_seq_len <= 122:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if 152 < total_seq_len <= 215 and 122 < max_seq_len <= 2829:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    if 152 < total_seq_len <= 215 and mean_seq_len > 18 and 19 < max_seq_len <= 122:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 15: 4 workloads, 3.28x (2.06x .. 6.74x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 608 and 26 < max_seq_len <= 40:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 12 workloads, 2.65x (2.04x .. 3.72x) over vllm_flashinfer_prefill
+    if 215 < total_seq_len <= 1217 and max_seq_len <= 26:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 17: 78 workloads, 2.57x (1.37x .. 4.61x) over vllm_flashinfer_prefill
+    if total_seq_len > 215 and 40 < max_seq_len <= 2829:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 18: 5 workloads, 1.90x (1.62x .. 2.26x) over vllm_flashinfer_prefill
+    if total_seq_len > 608 and 26 < max_seq_len <= 40:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill
+    if total_seq_len > 1217 and max_seq_len <= 26:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 20: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 9101 < total_seq_len <= 13777 and num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 2829:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 13777 and num_seqs <= 2 and mean_seq_len <= 13777 and max_seq_len > 2829:
+        return 'cuda_prefill_cp.p8'
+    # region 22: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 13777 and num_seqs <= 2 and mean_seq_len > 13777 and max_seq_len > 2829:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -631,12 +576,5 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len > 3444 and num_seqs > 21 and 30 < mean_seq_len <= 107 and 633 < max_seq_len <= 1340:  # region 38
         return True
     if total_seq_len > 6888 and num_seqs <= 9 and mean_seq_len > 1217 and 1920 < max_seq_len <= 4528:  # region 45
-        return True
-    return False
-
-
-def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 13277 < total_seq_len <= 19483 and 1 < num_seqs <= 3 and max_seq_len > 1794:  # region 29
         return True
     return False

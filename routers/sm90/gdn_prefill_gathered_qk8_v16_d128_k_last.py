@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-03T15:13:58Z
+# measured    up to 2026-12-03T18:06:01Z
 # workloads   156 (workload-set digest 9ad3a87059263a66)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -46,8 +46,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 6.80% mean, 69.69% max;
 #             1.232x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 11.00% mean, 102.02% max;
-#             2.527x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.65% mean, 115.82% max;
+#             2.028x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 19 and num_seqs <= 7: cuda_prefill_pool_rows.k4c8, 6 workloads, 5.92x (1.64x .. 8.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   2. total_seq_len <= 4324 and num_seqs > 17: cuda_prefill_staged.r64s4, 39 workloads, 1.37x (1.04x .. 1.58x) over vllm_flashinfer_prefill
@@ -61,17 +61,16 @@
 #   10. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 1218: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
 #   11. total_seq_len > 4324 and num_seqs > 17: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 90 and num_seqs <= 8 and mean_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 21 workloads, 6.75x (3.08x .. 16.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 252 and num_seqs > 8 and mean_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 10 workloads, 4.05x (2.86x .. 6.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   3. total_seq_len <= 357 and num_seqs <= 8 and mean_seq_len > 45: triton_prefill_fused.c16v32, 9 workloads, 5.96x (4.17x .. 8.70x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 364 and num_seqs > 8 and mean_seq_len > 5: triton_prefill_fused.c16v64, 6 workloads, 3.13x (2.66x .. 4.20x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   5. 90 < total_seq_len <= 7643 and num_seqs <= 8 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 9 workloads, 2.29x (1.13x .. 8.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. 252 < total_seq_len <= 7643 and num_seqs > 8 and mean_seq_len <= 5: cuda_prefill_staged.r64s4, 10 workloads, 2.30x (1.94x .. 2.70x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   7. 357 < total_seq_len <= 7148 and num_seqs <= 8 and mean_seq_len > 45: cuda_prefill_staged.r32s4, 31 workloads, 3.37x (1.85x .. 6.95x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   8. 364 < total_seq_len <= 7643 and num_seqs > 8 and mean_seq_len > 5: cuda_prefill_staged.r64s4, 34 workloads, 2.30x (1.59x .. 3.84x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. total_seq_len > 7643 and mean_seq_len <= 362: flashinfer_direct, 11 workloads, 1.34x (1.18x .. 1.65x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 7643 and 362 < mean_seq_len <= 4845: cuda_prefill_staged.r64s4, 11 workloads, 2.25x (1.36x .. 4.07x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   11. total_seq_len > 7643 and mean_seq_len > 4845: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 90 and 7 < num_seqs <= 17: cuda_prefill_pool_rows.k4c8, 10 workloads, 3.45x (2.10x .. 4.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   2. total_seq_len <= 157 and num_seqs <= 7: cuda_prefill_pool_rows.k8c8, 20 workloads, 6.74x (3.83x .. 9.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 3547 and 17 < num_seqs <= 219 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 7 workloads, 2.43x (1.99x .. 3.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 3547 and 17 < num_seqs <= 219 and mean_seq_len > 3: cuda_prefill_staged.r64s4, 23 workloads, 1.86x (1.54x .. 2.22x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   5. total_seq_len <= 3547 and num_seqs > 219: cuda_prefill_staged.r64s4, 9 workloads, 1.78x (1.62x .. 1.88x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   6. 90 < total_seq_len <= 3547 and 7 < num_seqs <= 17: cuda_prefill_staged.r64s4, 31 workloads, 1.97x (1.60x .. 2.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   7. 157 < total_seq_len <= 3547 and num_seqs <= 7: cuda_prefill_staged.r32s4, 28 workloads, 3.39x (1.91x .. 4.40x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len > 3547 and num_seqs <= 4 and mean_seq_len <= 4399: cuda_prefill_cp.p4, 4 workloads, 1.51x (1.43x .. 1.63x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 3547 and num_seqs <= 4 and mean_seq_len > 4399: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len > 3547 and num_seqs > 4: flashinfer_direct, 20 workloads, 1.29x (1.11x .. 1.56x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -89,17 +88,16 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 8), 'total_seq_len': (None, 90)}, 'workloads': 21, 'speedup': (3.08, 6.75, 16.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 252)}, 'workloads': 10, 'speedup': (2.86, 4.05, 6.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 357)}, 'workloads': 9, 'speedup': (4.17, 5.96, 8.7), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 364)}, 'workloads': 6, 'speedup': (2.66, 3.13, 4.2), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 8), 'total_seq_len': (90, 7643)}, 'workloads': 9, 'speedup': (1.13, 2.29, 8.41), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (252, 7643)}, 'workloads': 10, 'speedup': (1.94, 2.3, 2.7), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (None, 8), 'total_seq_len': (357, 7148)}, 'workloads': 31, 'speedup': (1.85, 3.37, 6.95), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (364, 7643)}, 'workloads': 34, 'speedup': (1.59, 2.3, 3.84), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 362), 'total_seq_len': (7643, None)}, 'workloads': 11, 'speedup': (1.18, 1.34, 1.65), 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (362, 4845), 'total_seq_len': (7643, None)}, 'workloads': 11, 'speedup': (1.36, 2.25, 4.07), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4845, None), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (7, 17), 'total_seq_len': (None, 90)}, 'workloads': 10, 'speedup': (2.1, 3.45, 4.3), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (None, 157)}, 'workloads': 20, 'speedup': (3.83, 6.74, 9.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (17, 219), 'total_seq_len': (None, 3547)}, 'workloads': 7, 'speedup': (1.99, 2.43, 3.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (17, 219), 'total_seq_len': (None, 3547)}, 'workloads': 23, 'speedup': (1.54, 1.86, 2.22), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (219, None), 'total_seq_len': (None, 3547)}, 'workloads': 9, 'speedup': (1.62, 1.78, 1.88), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (7, 17), 'total_seq_len': (90, 3547)}, 'workloads': 31, 'speedup': (1.6, 1.97, 2.31), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (157, 3547)}, 'workloads': 28, 'speedup': (1.91, 3.39, 4.4), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (None, 4399), 'num_seqs': (None, 4), 'total_seq_len': (3547, None)}, 'workloads': 4, 'speedup': (1.43, 1.51, 1.63), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4399, None), 'num_seqs': (None, 4), 'total_seq_len': (3547, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (3547, None)}, 'workloads': 20, 'speedup': (1.11, 1.29, 1.56), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -147,39 +145,36 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 21 workloads, 6.75x (3.08x .. 16.19x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 8 and mean_seq_len <= 45:
+    # region 1: 10 workloads, 3.45x (2.10x .. 4.30x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 7 < num_seqs <= 17:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 20 workloads, 6.74x (3.83x .. 9.37x) over vllm_flashinfer_prefill
+    if total_seq_len <= 157 and num_seqs <= 7:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 10 workloads, 4.05x (2.86x .. 6.48x) over vllm_flashinfer_prefill
-    if total_seq_len <= 252 and num_seqs > 8 and mean_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 9 workloads, 5.96x (4.17x .. 8.70x) over vllm_flashinfer_prefill
-    if total_seq_len <= 357 and num_seqs <= 8 and mean_seq_len > 45:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 6 workloads, 3.13x (2.66x .. 4.20x) over vllm_flashinfer_prefill
-    if total_seq_len <= 364 and num_seqs > 8 and mean_seq_len > 5:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 5: 9 workloads, 2.29x (1.13x .. 8.41x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 7643 and num_seqs <= 8 and mean_seq_len <= 45:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 10 workloads, 2.30x (1.94x .. 2.70x) over vllm_flashinfer_prefill
-    if 252 < total_seq_len <= 7643 and num_seqs > 8 and mean_seq_len <= 5:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 31 workloads, 3.37x (1.85x .. 6.95x) over vllm_flashinfer_prefill
-    if 357 < total_seq_len <= 7148 and num_seqs <= 8 and mean_seq_len > 45:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 34 workloads, 2.30x (1.59x .. 3.84x) over vllm_flashinfer_prefill
-    if 364 < total_seq_len <= 7643 and num_seqs > 8 and mean_seq_len > 5:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 11 workloads, 1.34x (1.18x .. 1.65x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and mean_seq_len <= 362:
-        return 'flashinfer_direct'
-    # region 10: 11 workloads, 2.25x (1.36x .. 4.07x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and 362 < mean_seq_len <= 4845:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7643 and mean_seq_len > 4845:
+    # region 3: 7 workloads, 2.43x (1.99x .. 3.39x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3547 and 17 < num_seqs <= 219 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 23 workloads, 1.86x (1.54x .. 2.22x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3547 and 17 < num_seqs <= 219 and mean_seq_len > 3:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 5: 9 workloads, 1.78x (1.62x .. 1.88x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3547 and num_seqs > 219:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 31 workloads, 1.97x (1.60x .. 2.31x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 3547 and 7 < num_seqs <= 17:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 28 workloads, 3.39x (1.91x .. 4.40x) over vllm_flashinfer_prefill
+    if 157 < total_seq_len <= 3547 and num_seqs <= 7:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 8: 4 workloads, 1.51x (1.43x .. 1.63x) over vllm_flashinfer_prefill
+    if total_seq_len > 3547 and num_seqs <= 4 and mean_seq_len <= 4399:
+        return 'cuda_prefill_cp.p4'
+    # region 9: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3547 and num_seqs <= 4 and mean_seq_len > 4399:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 20 workloads, 1.29x (1.11x .. 1.56x) over vllm_flashinfer_prefill
+    if total_seq_len > 3547 and num_seqs > 4:
+        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
@@ -190,8 +185,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 4.53% mean, 69.69% max;
 #             1.241x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.94% mean, 96.86% max;
-#             2.665x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.97% mean, 26.91% max;
+#             2.117x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 37 and num_seqs <= 3 and 4 < mean_seq_len <= 53: triton_prefill_fused.c16v32, 2 workloads, 5.30x (4.72x .. 5.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8
 #   2. total_seq_len <= 608 and 4 < num_seqs <= 11 and mean_seq_len > 53 and max_seq_len <= 322: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
@@ -264,52 +259,47 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   69. total_seq_len > 12815 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 6444: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   70. total_seq_len > 12815 and num_seqs <= 4 and mean_seq_len > 861 and max_seq_len > 6444: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 2 and max_seq_len <= 1: cuda_prefill_pool_rows.k16c8, 1 workloads, 12.15x (12.15x .. 12.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 107 and mean_seq_len <= 4 and 8 < max_seq_len <= 29: cuda_prefill_pool_rows.k4c8, 5 workloads, 4.65x (3.01x .. 8.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 107 and mean_seq_len <= 53 and max_seq_len > 36: cuda_prefill_pool_rows.k8c8, 3 workloads, 5.99x (3.85x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   4. total_seq_len <= 152 and num_seqs <= 5 and 29 < max_seq_len <= 36: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.52x (5.31x .. 8.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 152 and num_seqs > 5 and 29 < max_seq_len <= 36: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 304 and mean_seq_len > 53 and max_seq_len > 36: triton_prefill_fused.c16v32, 9 workloads, 5.96x (4.17x .. 8.70x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 608 and num_seqs <= 5 and mean_seq_len > 4 and 8 < max_seq_len <= 29: cuda_prefill_pool_rows.k8c8, 4 workloads, 9.22x (7.66x .. 13.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 608 and num_seqs <= 7 and 1 < max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 5 workloads, 8.82x (5.50x .. 16.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 608 and num_seqs > 5 and mean_seq_len > 4 and 8 < max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.55x (2.88x .. 5.22x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 608 and num_seqs > 7 and 1 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 14 workloads, 3.64x (1.89x .. 6.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
-#   11. 2 < total_seq_len <= 608 and max_seq_len <= 1: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. 107 < total_seq_len <= 608 and mean_seq_len <= 4 and 8 < max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.79x (2.23x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. 107 < total_seq_len <= 969 and mean_seq_len <= 53 and max_seq_len > 36: cuda_prefill_staged.r64s4, 18 workloads, 2.43x (1.13x .. 8.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   14. 152 < total_seq_len <= 304 and 29 < max_seq_len <= 36: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.27x (1.81x .. 2.86x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   15. 304 < total_seq_len <= 969 and 29 < max_seq_len <= 36: cuda_prefill_staged.r64s4, 2 workloads, 2.04x (1.96x .. 2.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. 304 < total_seq_len <= 969 and mean_seq_len > 53 and max_seq_len > 36: cuda_prefill_staged.r64s4, 9 workloads, 4.03x (2.24x .. 6.80x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   17. 608 < total_seq_len <= 861 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   18. 608 < total_seq_len <= 861 and 9 < max_seq_len <= 29: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   19. 861 < total_seq_len <= 7643 and max_seq_len <= 29: cuda_prefill_staged.r64s4, 4 workloads, 2.17x (1.85x .. 2.45x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. 969 < total_seq_len <= 1743 and mean_seq_len <= 13 and 29 < max_seq_len <= 181: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   21. 969 < total_seq_len <= 1743 and mean_seq_len <= 13 and max_seq_len > 181: cuda_prefill_cp.p4, 2 workloads, 2.08x (2.00x .. 2.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct
-#   22. 969 < total_seq_len <= 7643 and num_seqs <= 5 and mean_seq_len > 13 and max_seq_len > 181: cuda_prefill_cp.p4, 16 workloads, 3.79x (1.94x .. 5.38x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
-#   23. 969 < total_seq_len <= 7643 and num_seqs <= 22 and mean_seq_len > 13 and 29 < max_seq_len <= 181: cuda_prefill_cp.p4, 3 workloads, 3.32x (3.13x .. 3.59x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   24. 969 < total_seq_len <= 7643 and num_seqs > 5 and mean_seq_len > 13 and max_seq_len > 181: cuda_prefill_staged.r64s4, 15 workloads, 2.30x (1.59x .. 3.84x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   25. 969 < total_seq_len <= 7643 and num_seqs > 22 and mean_seq_len > 13 and 29 < max_seq_len <= 181: cuda_prefill_staged.r64s4, 7 workloads, 2.25x (1.68x .. 2.96x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, flashinfer_direct
-#   26. 1743 < total_seq_len <= 7643 and mean_seq_len <= 13 and 29 < max_seq_len <= 724: cuda_prefill_staged.r64s4, 1 workloads, 2.23x (2.23x .. 2.23x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   27. 1743 < total_seq_len <= 7643 and mean_seq_len <= 13 and max_seq_len > 724: cuda_prefill_cp.p4, 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   28. 7643 < total_seq_len <= 13777 and num_seqs > 181 and mean_seq_len <= 1722 and 1081 < max_seq_len <= 7170: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off
-#   29. 7643 < total_seq_len <= 19483 and num_seqs <= 1 and mean_seq_len > 1722 and 5365 < max_seq_len <= 9740: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
-#   30. 7643 < total_seq_len <= 19483 and 1722 < mean_seq_len <= 13777 and max_seq_len > 9740: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it)
-#   31. 7643 < total_seq_len <= 19483 and mean_seq_len > 13777 and max_seq_len > 9740: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   32. 7643 < total_seq_len <= 19483 and num_seqs > 1 and mean_seq_len > 1722 and 5365 < max_seq_len <= 9740: cuda_prefill_cp.p4, 1 workloads, 2.38x (2.38x .. 2.38x) over vllm_flashinfer_prefill
-#   33. 7643 < total_seq_len <= 26285 and mean_seq_len > 1722 and max_seq_len <= 5365: cuda_prefill_staged.r64s4, 3 workloads, 3.03x (1.80x .. 4.07x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   34. 7643 < total_seq_len <= 27554 and num_seqs > 121 and mean_seq_len <= 1722 and max_seq_len <= 1081: cuda_prefill_staged.r64s4, 2 workloads, 1.70x (1.68x .. 1.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   35. total_seq_len > 7643 and num_seqs <= 90 and mean_seq_len <= 1722 and 7170 < max_seq_len <= 8168: cuda_prefill_cp.p4, 2 workloads, 1.89x (1.68x .. 2.13x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   36. total_seq_len > 7643 and num_seqs <= 90 and mean_seq_len <= 1722 and max_seq_len > 8168: cuda_prefill_staged.r64s4, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4
-#   37. total_seq_len > 7643 and num_seqs <= 121 and mean_seq_len <= 1722 and max_seq_len <= 1081: cuda_prefill_staged.r64s4, 6 workloads, 1.84x (1.38x .. 2.71x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   38. total_seq_len > 7643 and num_seqs <= 181 and mean_seq_len <= 1722 and 1081 < max_seq_len <= 1780: flashinfer_direct, 2 workloads, 1.48x (1.35x .. 1.63x) over vllm_flashinfer_prefill
-#   39. total_seq_len > 7643 and num_seqs <= 181 and mean_seq_len <= 1722 and 1780 < max_seq_len <= 7170: cuda_prefill_staged.r64s4, 3 workloads, 1.74x (1.41x .. 2.08x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   40. total_seq_len > 7643 and 90 < num_seqs <= 181 and mean_seq_len <= 1722 and max_seq_len > 7170: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   41. total_seq_len > 7643 and num_seqs > 181 and mean_seq_len <= 1722 and max_seq_len > 7170: flashinfer_direct, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-#   42. total_seq_len > 13777 and num_seqs > 181 and mean_seq_len <= 1722 and 1081 < max_seq_len <= 7170: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   43. total_seq_len > 19483 and 1722 < mean_seq_len <= 3444 and max_seq_len > 5365: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it)
-#   44. total_seq_len > 19483 and mean_seq_len > 3444 and max_seq_len > 5365: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
-#   45. total_seq_len > 26285 and mean_seq_len > 1722 and max_seq_len <= 5365: flashinfer_direct, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
-#   46. total_seq_len > 27554 and num_seqs > 121 and mean_seq_len <= 1722 and max_seq_len <= 1081: flashinfer_direct, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 36 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 2 workloads, 8.11x (7.25x .. 9.07x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 53 and mean_seq_len <= 2 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 1 workloads, 3.26x (3.26x .. 3.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 53 and mean_seq_len > 2 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k8c8, 4 workloads, 6.80x (4.13x .. 8.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 76 and 16 < max_seq_len <= 36: cuda_prefill_pool_rows.k8c8, 4 workloads, 6.18x (3.75x .. 8.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 107 and max_seq_len > 36: cuda_prefill_pool_rows.k8c8, 4 workloads, 5.28x (2.16x .. 7.54x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 608 and num_seqs <= 7 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 4 workloads, 7.15x (4.13x .. 9.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 608 and num_seqs > 7 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 9 workloads, 3.06x (2.21x .. 4.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64
+#   8. 36 < total_seq_len <= 608 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.50x (1.96x .. 3.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   9. 53 < total_seq_len <= 76 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 2 workloads, 5.66x (3.85x .. 8.33x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   10. 76 < total_seq_len <= 152 and 16 < max_seq_len <= 36: cuda_prefill_pool_rows.k4c8, 2 workloads, 4.23x (3.34x .. 5.36x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   11. 76 < total_seq_len <= 608 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.33x (1.91x .. 2.66x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   12. 107 < total_seq_len <= 3547 and max_seq_len > 36: cuda_prefill_staged.r64s4, 76 workloads, 2.38x (1.54x .. 4.45x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   13. 152 < total_seq_len <= 304 and 31 < max_seq_len <= 36: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.40x (1.99x .. 2.90x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   14. 152 < total_seq_len <= 608 and 16 < max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.43x (2.23x .. 2.65x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   15. 304 < total_seq_len <= 3547 and 31 < max_seq_len <= 36: cuda_prefill_staged.r64s4, 3 workloads, 1.98x (1.97x .. 2.00x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64
+#   16. 608 < total_seq_len <= 1217 and mean_seq_len <= 2 and max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
+#   17. 608 < total_seq_len <= 1217 and mean_seq_len > 2 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   18. 608 < total_seq_len <= 1217 and mean_seq_len > 2 and 9 < max_seq_len <= 16: cuda_prefill_staged.r64s4, 1 workloads, 1.94x (1.94x .. 1.94x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   19. 608 < total_seq_len <= 3547 and 16 < max_seq_len <= 31: cuda_prefill_staged.r64s4, 1 workloads, 1.79x (1.79x .. 1.79x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   20. 1217 < total_seq_len <= 3547 and max_seq_len <= 16: cuda_prefill_staged.r64s4, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_cp.p4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   21. 3547 < total_seq_len <= 4871 and mean_seq_len > 2435: cuda_prefill_cp.p4, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
+#   22. 3547 < total_seq_len <= 7643 and mean_seq_len <= 2435: cuda_prefill_staged.r64s4, 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   23. 4871 < total_seq_len <= 7643 and mean_seq_len > 2435: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_cp.p4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   24. 7643 < total_seq_len <= 9741 and num_seqs <= 1 and mean_seq_len > 1722 and max_seq_len > 5232: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
+#   25. 7643 < total_seq_len <= 9741 and 1 < num_seqs <= 4 and mean_seq_len > 1722 and max_seq_len > 5232: cuda_prefill_cp.p4, 1 workloads, 1.38x (1.38x .. 1.38x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   26. 7643 < total_seq_len <= 13777 and mean_seq_len <= 152 and 568 < max_seq_len <= 2896: cuda_prefill_staged.r64s4, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. 7643 < total_seq_len <= 19483 and mean_seq_len <= 152 and max_seq_len > 2896: flashinfer_direct, 2 workloads, 1.14x (1.13x .. 1.15x) over vllm_flashinfer_prefill
+#   28. 7643 < total_seq_len <= 19483 and 152 < mean_seq_len <= 1722 and max_seq_len <= 7169: flashinfer_direct, 7 workloads, 1.39x (1.15x .. 1.56x) over vllm_flashinfer_prefill
+#   29. 7643 < total_seq_len <= 19483 and 152 < mean_seq_len <= 1722 and max_seq_len > 7169: cuda_prefill_staged.r64s4, 2 workloads, 1.33x (1.28x .. 1.39x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, flashinfer_direct
+#   30. 7643 < total_seq_len <= 27554 and mean_seq_len <= 152 and max_seq_len <= 568: cuda_prefill_staged.r64s4, 4 workloads, 1.49x (1.38x .. 1.66x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   31. total_seq_len > 7643 and num_seqs <= 4 and mean_seq_len > 1722 and max_seq_len <= 5232: cuda_prefill_staged.r64s4, 3 workloads, 2.12x (1.87x .. 2.56x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off
+#   32. total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 1722 and max_seq_len <= 11582: flashinfer_direct, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+#   33. total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 1722 and max_seq_len > 11582: vllm_flashinfer_prefill (baseline), 0 workloads
+#   34. 9741 < total_seq_len <= 19483 and num_seqs <= 4 and mean_seq_len > 1722 and 5232 < max_seq_len <= 13775: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   35. 9741 < total_seq_len <= 19483 and num_seqs <= 4 and mean_seq_len > 1722 and max_seq_len > 13775: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 13777 and mean_seq_len <= 152 and 568 < max_seq_len <= 2896: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   37. total_seq_len > 19483 and num_seqs <= 4 and mean_seq_len > 1722 and max_seq_len > 5232: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   38. total_seq_len > 19483 and mean_seq_len <= 152 and max_seq_len > 2896: vllm_flashinfer_prefill (baseline), 0 workloads
+#   39. total_seq_len > 19483 and 152 < mean_seq_len <= 1722 and max_seq_len <= 18958: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   40. total_seq_len > 19483 and 152 < mean_seq_len <= 1722 and max_seq_len > 18958: cuda_prefill_cp.p4, 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill
+#   41. total_seq_len > 27554 and mean_seq_len <= 152 and max_seq_len <= 568: flashinfer_direct, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (4, 53), 'num_seqs': (None, 3), 'total_seq_len': (None, 37)}, 'workloads': 2, 'speedup': (4.72, 5.3, 5.94), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8')},
@@ -385,52 +375,47 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (12.15, 12.15, 12.15), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, 29), 'mean_seq_len': (None, 4), 'total_seq_len': (None, 107)}, 'workloads': 5, 'speedup': (3.01, 4.65, 8.85), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (36, None), 'mean_seq_len': (None, 53), 'total_seq_len': (None, 107)}, 'workloads': 3, 'speedup': (3.85, 5.99, 8.95), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (29, 36), 'num_seqs': (None, 5), 'total_seq_len': (None, 152)}, 'workloads': 3, 'speedup': (5.31, 6.52, 8.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (29, 36), 'num_seqs': (5, None), 'total_seq_len': (None, 152)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (36, None), 'mean_seq_len': (53, None), 'total_seq_len': (None, 304)}, 'workloads': 9, 'speedup': (4.17, 5.96, 8.7), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 29), 'mean_seq_len': (4, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 608)}, 'workloads': 4, 'speedup': (7.66, 9.22, 13.01), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (1, 8), 'num_seqs': (None, 7), 'total_seq_len': (None, 608)}, 'workloads': 5, 'speedup': (5.5, 8.82, 16.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 29), 'mean_seq_len': (4, None), 'num_seqs': (5, None), 'total_seq_len': (None, 608)}, 'workloads': 4, 'speedup': (2.88, 3.55, 5.22), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (1, 8), 'num_seqs': (7, None), 'total_seq_len': (None, 608)}, 'workloads': 14, 'speedup': (1.89, 3.64, 6.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 1), 'total_seq_len': (2, 608)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 29), 'mean_seq_len': (None, 4), 'total_seq_len': (107, 608)}, 'workloads': 2, 'speedup': (2.23, 2.79, 3.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (36, None), 'mean_seq_len': (None, 53), 'total_seq_len': (107, 969)}, 'workloads': 18, 'speedup': (1.13, 2.43, 8.41), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (29, 36), 'total_seq_len': (152, 304)}, 'workloads': 2, 'speedup': (1.81, 2.27, 2.86), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (29, 36), 'total_seq_len': (304, 969)}, 'workloads': 2, 'speedup': (1.96, 2.04, 2.13), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (36, None), 'mean_seq_len': (53, None), 'total_seq_len': (304, 969)}, 'workloads': 9, 'speedup': (2.24, 4.03, 6.8), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'total_seq_len': (608, 861)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (9, 29), 'total_seq_len': (608, 861)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 29), 'total_seq_len': (861, 7643)}, 'workloads': 4, 'speedup': (1.85, 2.17, 2.45), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (29, 181), 'mean_seq_len': (None, 13), 'total_seq_len': (969, 1743)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (None, 13), 'total_seq_len': (969, 1743)}, 'workloads': 2, 'speedup': (2.0, 2.08, 2.15), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 22, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (13, None), 'num_seqs': (None, 5), 'total_seq_len': (969, 7643)}, 'workloads': 16, 'speedup': (1.94, 3.79, 5.38), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
-    {'region': 23, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (29, 181), 'mean_seq_len': (13, None), 'num_seqs': (None, 22), 'total_seq_len': (969, 7643)}, 'workloads': 3, 'speedup': (3.13, 3.32, 3.59), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (13, None), 'num_seqs': (5, None), 'total_seq_len': (969, 7643)}, 'workloads': 15, 'speedup': (1.59, 2.3, 3.84), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (29, 181), 'mean_seq_len': (13, None), 'num_seqs': (22, None), 'total_seq_len': (969, 7643)}, 'workloads': 7, 'speedup': (1.68, 2.25, 2.96), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'flashinfer_direct')},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (29, 724), 'mean_seq_len': (None, 13), 'total_seq_len': (1743, 7643)}, 'workloads': 1, 'speedup': (2.23, 2.23, 2.23), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (724, None), 'mean_seq_len': (None, 13), 'total_seq_len': (1743, 7643)}, 'workloads': 1, 'speedup': (2.05, 2.05, 2.05), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, 7170), 'mean_seq_len': (None, 1722), 'num_seqs': (181, None), 'total_seq_len': (7643, 13777)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5365, 9740), 'mean_seq_len': (1722, None), 'num_seqs': (None, 1), 'total_seq_len': (7643, 19483)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
-    {'region': 30, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (9740, None), 'mean_seq_len': (1722, 13777), 'total_seq_len': (7643, 19483)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (9740, None), 'mean_seq_len': (13777, None), 'total_seq_len': (7643, 19483)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 32, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (5365, 9740), 'mean_seq_len': (1722, None), 'num_seqs': (1, None), 'total_seq_len': (7643, 19483)}, 'workloads': 1, 'speedup': (2.38, 2.38, 2.38), 'fallbacks': ()},
-    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 5365), 'mean_seq_len': (1722, None), 'total_seq_len': (7643, 26285)}, 'workloads': 3, 'speedup': (1.8, 3.03, 4.07), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1081), 'mean_seq_len': (None, 1722), 'num_seqs': (121, None), 'total_seq_len': (7643, 27554)}, 'workloads': 2, 'speedup': (1.68, 1.7, 1.71), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 35, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (7170, 8168), 'mean_seq_len': (None, 1722), 'num_seqs': (None, 90), 'total_seq_len': (7643, None)}, 'workloads': 2, 'speedup': (1.68, 1.89, 2.13), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8168, None), 'mean_seq_len': (None, 1722), 'num_seqs': (None, 90), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ('cuda_prefill_cp.p4',)},
-    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1081), 'mean_seq_len': (None, 1722), 'num_seqs': (None, 121), 'total_seq_len': (7643, None)}, 'workloads': 6, 'speedup': (1.38, 1.84, 2.71), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 1780), 'mean_seq_len': (None, 1722), 'num_seqs': (None, 181), 'total_seq_len': (7643, None)}, 'workloads': 2, 'speedup': (1.35, 1.48, 1.63), 'fallbacks': ()},
-    {'region': 39, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1780, 7170), 'mean_seq_len': (None, 1722), 'num_seqs': (None, 181), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.41, 1.74, 2.08), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 40, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7170, None), 'mean_seq_len': (None, 1722), 'num_seqs': (90, 181), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 41, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (7170, None), 'mean_seq_len': (None, 1722), 'num_seqs': (181, None), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
-    {'region': 42, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 7170), 'mean_seq_len': (None, 1722), 'num_seqs': (181, None), 'total_seq_len': (13777, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 43, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (5365, None), 'mean_seq_len': (1722, 3444), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5365, None), 'mean_seq_len': (3444, None), 'total_seq_len': (19483, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 45, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 5365), 'mean_seq_len': (1722, None), 'total_seq_len': (26285, None)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ()},
-    {'region': 46, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1081), 'mean_seq_len': (None, 1722), 'num_seqs': (121, None), 'total_seq_len': (27554, None)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (None, 36)}, 'workloads': 2, 'speedup': (7.25, 8.11, 9.07), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, 16), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 53)}, 'workloads': 1, 'speedup': (3.26, 3.26, 3.26), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 16), 'mean_seq_len': (2, None), 'total_seq_len': (None, 53)}, 'workloads': 4, 'speedup': (4.13, 6.8, 8.67), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (16, 36), 'total_seq_len': (None, 76)}, 'workloads': 4, 'speedup': (3.75, 6.18, 8.57), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (36, None), 'total_seq_len': (None, 107)}, 'workloads': 4, 'speedup': (2.16, 5.28, 7.54), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 7), 'total_seq_len': (None, 608)}, 'workloads': 4, 'speedup': (4.13, 7.15, 9.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (7, None), 'total_seq_len': (None, 608)}, 'workloads': 9, 'speedup': (2.21, 3.06, 4.6), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (36, 608)}, 'workloads': 5, 'speedup': (1.96, 2.5, 3.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, 16), 'total_seq_len': (53, 76)}, 'workloads': 2, 'speedup': (3.85, 5.66, 8.33), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, 36), 'total_seq_len': (76, 152)}, 'workloads': 2, 'speedup': (3.34, 4.23, 5.36), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 16), 'total_seq_len': (76, 608)}, 'workloads': 4, 'speedup': (1.91, 2.33, 2.66), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (36, None), 'total_seq_len': (107, 3547)}, 'workloads': 76, 'speedup': (1.54, 2.38, 4.45), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (31, 36), 'total_seq_len': (152, 304)}, 'workloads': 2, 'speedup': (1.99, 2.4, 2.9), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 31), 'total_seq_len': (152, 608)}, 'workloads': 2, 'speedup': (2.23, 2.43, 2.65), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (31, 36), 'total_seq_len': (304, 3547)}, 'workloads': 3, 'speedup': (1.97, 1.98, 2.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 2), 'total_seq_len': (608, 1217)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (2, None), 'total_seq_len': (608, 1217)}, 'workloads': 1, 'speedup': (2.14, 2.14, 2.14), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (9, 16), 'mean_seq_len': (2, None), 'total_seq_len': (608, 1217)}, 'workloads': 1, 'speedup': (1.94, 1.94, 1.94), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 31), 'total_seq_len': (608, 3547)}, 'workloads': 1, 'speedup': (1.79, 1.79, 1.79), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 16), 'total_seq_len': (1217, 3547)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (2435, None), 'total_seq_len': (3547, 4871)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ()},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 2435), 'total_seq_len': (3547, 7643)}, 'workloads': 1, 'speedup': (1.65, 1.65, 1.65), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (2435, None), 'total_seq_len': (4871, 7643)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5232, None), 'mean_seq_len': (1722, None), 'num_seqs': (None, 1), 'total_seq_len': (7643, 9741)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
+    {'region': 25, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (5232, None), 'mean_seq_len': (1722, None), 'num_seqs': (1, 4), 'total_seq_len': (7643, 9741)}, 'workloads': 1, 'speedup': (1.38, 1.38, 1.38), 'fallbacks': (), 'hand_back': True},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (568, 2896), 'mean_seq_len': (None, 152), 'total_seq_len': (7643, 13777)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (None, 152), 'total_seq_len': (7643, 19483)}, 'workloads': 2, 'speedup': (1.13, 1.14, 1.15), 'fallbacks': ()},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 7169), 'mean_seq_len': (152, 1722), 'total_seq_len': (7643, 19483)}, 'workloads': 7, 'speedup': (1.15, 1.39, 1.56), 'fallbacks': ()},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7169, None), 'mean_seq_len': (152, 1722), 'total_seq_len': (7643, 19483)}, 'workloads': 2, 'speedup': (1.28, 1.33, 1.39), 'fallbacks': ('cuda_prefill_cp.p4', 'flashinfer_direct')},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 568), 'mean_seq_len': (None, 152), 'total_seq_len': (7643, 27554)}, 'workloads': 4, 'speedup': (1.38, 1.49, 1.66), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 5232), 'mean_seq_len': (1722, None), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.87, 2.12, 2.56), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 11582), 'mean_seq_len': (1722, None), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11582, None), 'mean_seq_len': (1722, None), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 34, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (5232, 13775), 'mean_seq_len': (1722, None), 'num_seqs': (None, 4), 'total_seq_len': (9741, 19483)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (13775, None), 'mean_seq_len': (1722, None), 'num_seqs': (None, 4), 'total_seq_len': (9741, 19483)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (568, 2896), 'mean_seq_len': (None, 152), 'total_seq_len': (13777, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5232, None), 'mean_seq_len': (1722, None), 'num_seqs': (None, 4), 'total_seq_len': (19483, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (None, 152), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 18958), 'mean_seq_len': (152, 1722), 'total_seq_len': (19483, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 40, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (18958, None), 'mean_seq_len': (152, 1722), 'total_seq_len': (19483, None)}, 'workloads': 1, 'speedup': (1.26, 1.26, 1.26), 'fallbacks': ()},
+    {'region': 41, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 568), 'mean_seq_len': (None, 152), 'total_seq_len': (27554, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -628,143 +613,122 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 12.15x (12.15x .. 12.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2 and max_seq_len <= 1:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 5 workloads, 4.65x (3.01x .. 8.85x) over vllm_flashinfer_prefill
-    if total_seq_len <= 107 and mean_seq_len <= 4 and 8 < max_seq_len <= 29:
+    # region 1: 2 workloads, 8.11x (7.25x .. 9.07x) over vllm_flashinfer_prefill
+    if total_seq_len <= 36 and 4 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 1 workloads, 3.26x (3.26x .. 3.26x) over vllm_flashinfer_prefill
+    if total_seq_len <= 53 and mean_seq_len <= 2 and 8 < max_seq_len <= 16:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 3 workloads, 5.99x (3.85x .. 8.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 107 and mean_seq_len <= 53 and max_seq_len > 36:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 3 workloads, 6.52x (5.31x .. 8.26x) over vllm_flashinfer_prefill
-    if total_seq_len <= 152 and num_seqs <= 5 and 29 < max_seq_len <= 36:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 152 and num_seqs > 5 and 29 < max_seq_len <= 36:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 9 workloads, 5.96x (4.17x .. 8.70x) over vllm_flashinfer_prefill
-    if total_seq_len <= 304 and mean_seq_len > 53 and max_seq_len > 36:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 4 workloads, 9.22x (7.66x .. 13.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 608 and num_seqs <= 5 and mean_seq_len > 4 and 8 < max_seq_len <= 29:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 8: 5 workloads, 8.82x (5.50x .. 16.19x) over vllm_flashinfer_prefill
-    if total_seq_len <= 608 and num_seqs <= 7 and 1 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 4 workloads, 3.55x (2.88x .. 5.22x) over vllm_flashinfer_prefill
-    if total_seq_len <= 608 and num_seqs > 5 and mean_seq_len > 4 and 8 < max_seq_len <= 29:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 14 workloads, 3.64x (1.89x .. 6.48x) over vllm_flashinfer_prefill
-    if total_seq_len <= 608 and num_seqs > 7 and 1 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
-    if 2 < total_seq_len <= 608 and max_seq_len <= 1:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 2 workloads, 2.79x (2.23x .. 3.48x) over vllm_flashinfer_prefill
-    if 107 < total_seq_len <= 608 and mean_seq_len <= 4 and 8 < max_seq_len <= 29:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 13: 18 workloads, 2.43x (1.13x .. 8.41x) over vllm_flashinfer_prefill
-    if 107 < total_seq_len <= 969 and mean_seq_len <= 53 and max_seq_len > 36:
+    # region 3: 4 workloads, 6.80x (4.13x .. 8.67x) over vllm_flashinfer_prefill
+    if total_seq_len <= 53 and mean_seq_len > 2 and 8 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 4 workloads, 6.18x (3.75x .. 8.57x) over vllm_flashinfer_prefill
+    if total_seq_len <= 76 and 16 < max_seq_len <= 36:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 4 workloads, 5.28x (2.16x .. 7.54x) over vllm_flashinfer_prefill
+    if total_seq_len <= 107 and max_seq_len > 36:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 4 workloads, 7.15x (4.13x .. 9.37x) over vllm_flashinfer_prefill
+    if total_seq_len <= 608 and num_seqs <= 7 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 9 workloads, 3.06x (2.21x .. 4.60x) over vllm_flashinfer_prefill
+    if total_seq_len <= 608 and num_seqs > 7 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 5 workloads, 2.50x (1.96x .. 3.39x) over vllm_flashinfer_prefill
+    if 36 < total_seq_len <= 608 and 4 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 2 workloads, 5.66x (3.85x .. 8.33x) over vllm_flashinfer_prefill
+    if 53 < total_seq_len <= 76 and 8 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 10: 2 workloads, 4.23x (3.34x .. 5.36x) over vllm_flashinfer_prefill
+    if 76 < total_seq_len <= 152 and 16 < max_seq_len <= 36:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 11: 4 workloads, 2.33x (1.91x .. 2.66x) over vllm_flashinfer_prefill
+    if 76 < total_seq_len <= 608 and 8 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 76 workloads, 2.38x (1.54x .. 4.45x) over vllm_flashinfer_prefill
+    if 107 < total_seq_len <= 3547 and max_seq_len > 36:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 2 workloads, 2.27x (1.81x .. 2.86x) over vllm_flashinfer_prefill
-    if 152 < total_seq_len <= 304 and 29 < max_seq_len <= 36:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 2 workloads, 2.04x (1.96x .. 2.13x) over vllm_flashinfer_prefill
-    if 304 < total_seq_len <= 969 and 29 < max_seq_len <= 36:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 9 workloads, 4.03x (2.24x .. 6.80x) over vllm_flashinfer_prefill
-    if 304 < total_seq_len <= 969 and mean_seq_len > 53 and max_seq_len > 36:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if 608 < total_seq_len <= 861 and max_seq_len <= 9:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if 608 < total_seq_len <= 861 and 9 < max_seq_len <= 29:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 4 workloads, 2.17x (1.85x .. 2.45x) over vllm_flashinfer_prefill
-    if 861 < total_seq_len <= 7643 and max_seq_len <= 29:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if 969 < total_seq_len <= 1743 and mean_seq_len <= 13 and 29 < max_seq_len <= 181:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 2 workloads, 2.08x (2.00x .. 2.15x) over vllm_flashinfer_prefill
-    if 969 < total_seq_len <= 1743 and mean_seq_len <= 13 and max_seq_len > 181:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
-    # region 22: 16 workloads, 3.79x (1.94x .. 5.38x) over vllm_flashinfer_prefill
-    if 969 < total_seq_len <= 7643 and num_seqs <= 5 and mean_seq_len > 13 and max_seq_len > 181:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p4'
-    # region 23: 3 workloads, 3.32x (3.13x .. 3.59x) over vllm_flashinfer_prefill
-    if 969 < total_seq_len <= 7643 and num_seqs <= 22 and mean_seq_len > 13 and 29 < max_seq_len <= 181:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p4'
-    # region 24: 15 workloads, 2.30x (1.59x .. 3.84x) over vllm_flashinfer_prefill
-    if 969 < total_seq_len <= 7643 and num_seqs > 5 and mean_seq_len > 13 and max_seq_len > 181:
+    # region 13: 2 workloads, 2.40x (1.99x .. 2.90x) over vllm_flashinfer_prefill
+    if 152 < total_seq_len <= 304 and 31 < max_seq_len <= 36:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 2 workloads, 2.43x (2.23x .. 2.65x) over vllm_flashinfer_prefill
+    if 152 < total_seq_len <= 608 and 16 < max_seq_len <= 31:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 3 workloads, 1.98x (1.97x .. 2.00x) over vllm_flashinfer_prefill
+    if 304 < total_seq_len <= 3547 and 31 < max_seq_len <= 36:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if 608 < total_seq_len <= 1217 and mean_seq_len <= 2 and max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 17: 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill
+    if 608 < total_seq_len <= 1217 and mean_seq_len > 2 and max_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 18: 1 workloads, 1.94x (1.94x .. 1.94x) over vllm_flashinfer_prefill
+    if 608 < total_seq_len <= 1217 and mean_seq_len > 2 and 9 < max_seq_len <= 16:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 1 workloads, 1.79x (1.79x .. 1.79x) over vllm_flashinfer_prefill
+    if 608 < total_seq_len <= 3547 and 16 < max_seq_len <= 31:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 20: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill
+    if 1217 < total_seq_len <= 3547 and max_seq_len <= 16:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 21: 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
+    if 3547 < total_seq_len <= 4871 and mean_seq_len > 2435:
+        return 'cuda_prefill_cp.p4'
+    # region 22: 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill
+    if 3547 < total_seq_len <= 7643 and mean_seq_len <= 2435:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 7 workloads, 2.25x (1.68x .. 2.96x) over vllm_flashinfer_prefill
-    if 969 < total_seq_len <= 7643 and num_seqs > 22 and mean_seq_len > 13 and 29 < max_seq_len <= 181:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 1 workloads, 2.23x (2.23x .. 2.23x) over vllm_flashinfer_prefill
-    if 1743 < total_seq_len <= 7643 and mean_seq_len <= 13 and 29 < max_seq_len <= 724:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 27: 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill
-    if 1743 < total_seq_len <= 7643 and mean_seq_len <= 13 and max_seq_len > 724:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p4'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if 7643 < total_seq_len <= 13777 and num_seqs > 181 and mean_seq_len <= 1722 and 1081 < max_seq_len <= 7170:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 7643 < total_seq_len <= 19483 and num_seqs <= 1 and mean_seq_len > 1722 and 5365 < max_seq_len <= 9740:
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if 4871 < total_seq_len <= 7643 and mean_seq_len > 2435:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 24: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 7643 < total_seq_len <= 9741 and num_seqs <= 1 and mean_seq_len > 1722 and max_seq_len > 5232:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 7643 < total_seq_len <= 19483 and 1722 < mean_seq_len <= 13777 and max_seq_len > 9740:
+    # region 25: 1 workloads, 1.38x (1.38x .. 1.38x) over vllm_flashinfer_prefill's guarded call
+    if 7643 < total_seq_len <= 9741 and 1 < num_seqs <= 4 and mean_seq_len > 1722 and max_seq_len > 5232:
         return 'cuda_prefill_cp.p4'
-    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 7643 < total_seq_len <= 19483 and mean_seq_len > 13777 and max_seq_len > 9740:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 1 workloads, 2.38x (2.38x .. 2.38x) over vllm_flashinfer_prefill
-    if 7643 < total_seq_len <= 19483 and num_seqs > 1 and mean_seq_len > 1722 and 5365 < max_seq_len <= 9740:
-        return 'cuda_prefill_cp.p4'
-    # region 33: 3 workloads, 3.03x (1.80x .. 4.07x) over vllm_flashinfer_prefill
-    if 7643 < total_seq_len <= 26285 and mean_seq_len > 1722 and max_seq_len <= 5365:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 34: 2 workloads, 1.70x (1.68x .. 1.71x) over vllm_flashinfer_prefill
-    if 7643 < total_seq_len <= 27554 and num_seqs > 121 and mean_seq_len <= 1722 and max_seq_len <= 1081:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 35: 2 workloads, 1.89x (1.68x .. 2.13x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs <= 90 and mean_seq_len <= 1722 and 7170 < max_seq_len <= 8168:
-        return ('cuda_prefill_cp.p4', 'flashinfer_direct') if inside else 'cuda_prefill_cp.p4'
-    # region 36: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs <= 90 and mean_seq_len <= 1722 and max_seq_len > 8168:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 37: 6 workloads, 1.84x (1.38x .. 2.71x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs <= 121 and mean_seq_len <= 1722 and max_seq_len <= 1081:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 38: 2 workloads, 1.48x (1.35x .. 1.63x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs <= 181 and mean_seq_len <= 1722 and 1081 < max_seq_len <= 1780:
-        return 'flashinfer_direct'
-    # region 39: 3 workloads, 1.74x (1.41x .. 2.08x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs <= 181 and mean_seq_len <= 1722 and 1780 < max_seq_len <= 7170:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 40: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 7643 and 90 < num_seqs <= 181 and mean_seq_len <= 1722 and max_seq_len > 7170:
+    # region 26: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+    if 7643 < total_seq_len <= 13777 and mean_seq_len <= 152 and 568 < max_seq_len <= 2896:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 41: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs > 181 and mean_seq_len <= 1722 and max_seq_len > 7170:
+    # region 27: 2 workloads, 1.14x (1.13x .. 1.15x) over vllm_flashinfer_prefill
+    if 7643 < total_seq_len <= 19483 and mean_seq_len <= 152 and max_seq_len > 2896:
         return 'flashinfer_direct'
-    # region 42: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 13777 and num_seqs > 181 and mean_seq_len <= 1722 and 1081 < max_seq_len <= 7170:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 43: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 19483 and 1722 < mean_seq_len <= 3444 and max_seq_len > 5365:
+    # region 28: 7 workloads, 1.39x (1.15x .. 1.56x) over vllm_flashinfer_prefill
+    if 7643 < total_seq_len <= 19483 and 152 < mean_seq_len <= 1722 and max_seq_len <= 7169:
+        return 'flashinfer_direct'
+    # region 29: 2 workloads, 1.33x (1.28x .. 1.39x) over vllm_flashinfer_prefill
+    if 7643 < total_seq_len <= 19483 and 152 < mean_seq_len <= 1722 and max_seq_len > 7169:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 30: 4 workloads, 1.49x (1.38x .. 1.66x) over vllm_flashinfer_prefill
+    if 7643 < total_seq_len <= 27554 and mean_seq_len <= 152 and max_seq_len <= 568:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 31: 3 workloads, 2.12x (1.87x .. 2.56x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs <= 4 and mean_seq_len > 1722 and max_seq_len <= 5232:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 32: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 1722 and max_seq_len <= 11582:
+        return 'flashinfer_direct'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if 9741 < total_seq_len <= 19483 and num_seqs <= 4 and mean_seq_len > 1722 and 5232 < max_seq_len <= 13775:
         return 'cuda_prefill_cp.p4'
-    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 19483 and mean_seq_len > 3444 and max_seq_len > 5365:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
-    if total_seq_len > 26285 and mean_seq_len > 1722 and max_seq_len <= 5365:
+    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 9741 < total_seq_len <= 19483 and num_seqs <= 4 and mean_seq_len > 1722 and max_seq_len > 13775:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 13777 and mean_seq_len <= 152 and 568 < max_seq_len <= 2896:
         return 'flashinfer_direct'
-    # region 46: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
-    if total_seq_len > 27554 and num_seqs > 121 and mean_seq_len <= 1722 and max_seq_len <= 1081:
+    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 19483 and num_seqs <= 4 and mean_seq_len > 1722 and max_seq_len > 5232:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 19483 and 152 < mean_seq_len <= 1722 and max_seq_len <= 18958:
+        return 'flashinfer_direct'
+    # region 40: 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill
+    if total_seq_len > 19483 and 152 < mean_seq_len <= 1722 and max_seq_len > 18958:
+        return 'cuda_prefill_cp.p4'
+    # region 41: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
+    if total_seq_len > 27554 and mean_seq_len <= 152 and max_seq_len <= 568:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -794,5 +758,14 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len > 9741 and num_seqs > 22 and mean_seq_len > 215 and max_seq_len > 9728:  # region 68
         return True
     if total_seq_len > 12815 and num_seqs <= 4 and mean_seq_len > 861 and 2281 < max_seq_len <= 6444:  # region 69
+        return True
+    return False
+
+
+def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
+    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
+    if 7643 < total_seq_len <= 9741 and 1 < num_seqs <= 4 and mean_seq_len > 1722 and max_seq_len > 5232:  # region 25
+        return True
+    if 9741 < total_seq_len <= 19483 and num_seqs <= 4 and mean_seq_len > 1722 and 5232 < max_seq_len <= 13775:  # region 34
         return True
     return False
