@@ -801,11 +801,13 @@ SPECS = {
                                       # Last, as new grids go (traces/build.py: a shape's place picks a
                                       # one-sequence shape's mix, so its uuid)
                                       {"num_seqs": (128, 192, 256), "total_seq_len": (12288, 16384, 24576)},
-                                      # A few to tens of prompts of 1-8k tokens, 16-32k in all: nothing had
-                                      # been measured there but one draw (3 x 24,676) and the one-prompt grid,
-                                      # and the eager router sent held-out 3 x 14,504 to FlashInfer, 1.8x
-                                      # CP's time (736 against 402 us; H200, 2026-12-03). Last, as above.
-                                      {"num_seqs": (4, 16), "total_seq_len": (16384, 32768)}),
+                                      # Two to tens of prompts of 1-16k tokens, 16-32k in all: nothing had
+                                      # been measured there but one draw (3 x 24,676) and the one-prompt grid;
+                                      # the eager router sent held-out 3 x 14,504 to FlashInfer, 1.8x CP's
+                                      # time (736 against 402 us), and the hinted eager one 2 x 21,128 to CP
+                                      # from four workloads, slower than FlashInfer live on 12-03 (H200).
+                                      # Last, as above.
+                                      {"num_seqs": (2, 4, 16), "total_seq_len": (16384, 32768)}),
                           grid_every_mix=True, one_mix=one_sequence),
         **_COMMON),
     **{packed_name(hq, hv): _packed_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
