@@ -431,11 +431,10 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
                                       # list picks a one-sequence shape's mix, so its uuid (traces/build.py).
                                       {"num_seqs": (4, 8), "total_seq_len": (16, 32)},
                                       # 16-64 sequences of 256-2,048 tokens, 16-32k in all: over 8,192 tokens
-                                      # only four random draws had more than one sequence and fewer than
-                                      # 256, and the graph router of vLLM's prefill at 4 value heads gave
-                                      # held-out 21 x 31,434 (mean 1,496) to the baseline, whose FlashInfer
-                                      # call does not split sequences that short: 1,189 us against CP's 285
-                                      # (H200, 2026-12-03). Last, as above.
+                                      # vLLM's prefill at 4 value heads had four random draws of 2-255
+                                      # sequences, and its graph router gave held-out 21 x 31,434 (mean
+                                      # 1,496) to the baseline, 1,189 us against CP's 285 (H200, 2026-12-03).
+                                      # Last, as above.
                                       {"num_seqs": (16, 64), "total_seq_len": (16384, 32768)}),
                           # Not in the set: one prompt of 768 tokens and two of 2,048 in every mix, measured
                           # on the H200 at every head count with one prompt of 1,536 / 2,048 / 3,072 tokens
