@@ -352,6 +352,14 @@ def pool_prefill_grid(ranges: dict, measured: dict) -> list[dict]:
 LONG_PROMPT_GRIDS = ({"num_seqs": (1,), "total_seq_len": (4096, 8192, 16384)},)
 
 
+def past_flashinfer_split(hv: int) -> int:
+    """The fewest sequences at which FlashInfer's prefill (use_cp="auto", the engines' baselines) stops
+    splitting long sequences on a 132-SM Hopper: it splits while sequences x value heads x 2 < SMs
+    (flashinfer 0.7.2 `should_use_cp_host`). Past it one long sequence runs serially, so a grid point
+    there marks the cliff a tree cannot place from the shapes either side."""
+    return -(-132 // (2 * hv))
+
+
 def _pool_prefill_spec(hq: int, hv: int) -> Spec:
     return Spec(
         short=f"gdn_prefill_pool_qk{hq}_v{hv}", family="gdn", build=build_prefill_pool,
@@ -435,7 +443,14 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
                                       # sequences, and its graph router gave held-out 21 x 31,434 (mean
                                       # 1,496) to the baseline, 1,189 us against CP's 285 (H200, 2026-12-03).
                                       # Last, as above.
-                                      {"num_seqs": (16, 64), "total_seq_len": (16384, 32768)}),
+                                      {"num_seqs": (16, 64), "total_seq_len": (16384, 32768)},
+                                      # Just past FlashInfer's split (17 sequences at 4 value heads): the
+                                      # one grid point near it, 16 x 32,768 with one 28,673-token prompt,
+                                      # is the baseline's at 290 us (CP 297), and the hinted graph router of
+                                      # vLLM's prefill at 4 value heads gave that region up to 21 sequences
+                                      # and held-out 21 x 31,434 (longest 27,514) to the baseline, serial
+                                      # there: 1,189 us against CP's 285 (H200, 2026-12-03). Last, as above.
+                                      {"num_seqs": (past_flashinfer_split(hv),), "total_seq_len": (16384, 32768)}),
                           # Not in the set: one prompt of 768 tokens and two of 2,048 in every mix, measured
                           # on the H200 at every head count with one prompt of 1,536 / 2,048 / 3,072 tokens
                           # (2026-11-29, before CP; those rows stay in its store, the three shapes since in
@@ -806,7 +821,10 @@ SPECS = {
                                       # time (736 against 402 us), and the hinted eager one 2 x 21,128 to CP
                                       # from four workloads, slower than FlashInfer live on 12-03 (H200).
                                       # Last, as above.
-                                      {"num_seqs": (2, 4, 16), "total_seq_len": (16384, 32768)}),
+                                      {"num_seqs": (2, 4, 16), "total_seq_len": (16384, 32768)},
+                                      # just past FlashInfer's split (9 sequences at these 8 value heads), as the
+                                      # pool prefills' last grid
+                                      {"num_seqs": (past_flashinfer_split(8),), "total_seq_len": (16384, 32768)}),
                           grid_every_mix=True, one_mix=one_sequence),
         **_COMMON),
     **{packed_name(hq, hv): _packed_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
